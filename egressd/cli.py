@@ -1,0 +1,85 @@
+"""The `egressd` command: `run`, `sandbox`, `check-config`, `version`.
+
+Argument and configuration mistakes exit 2 with one line naming what was
+wrong, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+
+from egressd import __version__
+from egressd.errors import ConfigError
+from egressd.settings import add_flags, settings_from
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="egressd", description="Egress proxy fleet manager.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    run = sub.add_parser("run", help="Run the daemon.")
+    add_flags(run)
+
+    sandbox = sub.add_parser("sandbox", help="Run the whole system on this machine.")
+    sandbox.add_argument("--api-only", action="store_true",
+                         help="Serve only the fake Kubernetes API server with the CRD.")
+    sandbox.add_argument("--ready-file", metavar="PATH",
+                         help="Write a JSON file with the endpoints once ready.")
+    sandbox.add_argument("--proxies", type=int, default=3, metavar="N",
+                         help="Managed sample proxies to create (default 3).")
+    sandbox.add_argument("--log-level", default="info",
+                         choices=["debug", "info", "warning", "error"])
+
+    check = sub.add_parser("check-config", help="Validate a providers config file.")
+    check.add_argument("file", metavar="FILE")
+
+    sub.add_parser("version", help="Print the version.")
+    return parser
+
+
+def _check_config(path: str) -> int:
+    from egressd.providers.config import ProvidersConfigError, load_providers_config
+
+    try:
+        load_providers_config(path)
+    except ProvidersConfigError as exc:
+        for problem in exc.problems:
+            print(f"{path}: {problem}", file=sys.stderr)
+        return 2
+    print("ok")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "version":
+            print(f"egressd {__version__}")
+            return 0
+        if args.command == "check-config":
+            return _check_config(args.file)
+        if args.command == "sandbox":
+            from egressd.sandbox.command import sandbox_main
+
+            return sandbox_main(
+                api_only=args.api_only, ready_file=args.ready_file, proxies=args.proxies,
+                log_level=args.log_level)
+        if args.command == "run":
+            try:
+                settings_from(args, os.environ)
+            except ValueError as exc:
+                raise ConfigError(str(exc)) from None
+            print("egressd run: the daemon is not built yet", file=sys.stderr)
+            return 1
+    except ConfigError as exc:
+        print(f"egressd: error: {exc}", file=sys.stderr)
+        return 2
+    raise AssertionError(f"unhandled command {args.command}")

@@ -1,0 +1,1 @@
+"""Probing every proxy through itself and keeping a verdict per proxy (SPEC §6)."""

@@ -1,0 +1,1 @@
+"""Leases and cooldowns (SPEC §7)."""

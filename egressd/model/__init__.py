@@ -1,0 +1,1 @@
+"""The Proxy resource as frozen attrs values, and the one cattrs converter (pure, no I/O)."""

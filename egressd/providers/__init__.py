@@ -1,0 +1,1 @@
+"""Providers create and delete instances; they know nothing of Proxy (SPEC §4)."""

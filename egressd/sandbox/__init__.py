@@ -1,0 +1,1 @@
+"""The sandbox: a fake Kubernetes API server, a local kubelet, and the `sandbox` command."""

@@ -1,0 +1,3 @@
+"""Shared pytest set-up: fixtures live in tests/fixtures/, one module per area."""
+
+pytest_plugins = ["tests.fixtures.apiserver", "tests.fixtures.kube"]
