@@ -1,0 +1,50 @@
+"""The deployment manifests hold together and keep their security promises (SPEC §10)."""
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+MANIFESTS = Path(__file__).parent.parent / "manifests"
+
+
+def docs() -> list[dict[str, Any]]:
+    out = []
+    kustomization = yaml.safe_load((MANIFESTS / "kustomization.yaml").read_text())
+    for name in kustomization["resources"]:
+        out.extend(d for d in yaml.safe_load_all((MANIFESTS / name).read_text()) if d)
+    return out
+
+
+def find(kind: str) -> list[dict[str, Any]]:
+    return [d for d in docs() if d["kind"] == kind]
+
+
+def test_kustomization_lists_every_manifest() -> None:
+    listed = set(yaml.safe_load((MANIFESTS / "kustomization.yaml").read_text())["resources"])
+    present = {p.name for p in MANIFESTS.glob("*.yaml")} - {"kustomization.yaml"}
+    assert listed == present
+
+
+def test_deployment_is_non_root_read_only_and_probed() -> None:
+    (deployment,) = find("Deployment")
+    pod = deployment["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    (container,) = pod["containers"]
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert container["securityContext"]["allowPrivilegeEscalation"] is False
+    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    token = next(e for e in container["env"] if e["name"] == "DISCOVERY_TOKEN")
+    assert "secretKeyRef" in token["valueFrom"]
+
+
+def test_rbac_grants_only_what_egressd_uses() -> None:
+    (role,) = find("ClusterRole")
+    grants = {(g, r): set(rule["verbs"]) for rule in role["rules"]
+              for g in rule["apiGroups"] for r in rule["resources"]}
+    assert grants[("", "secrets")] == {"get", "list", "watch"}
+    assert grants[("", "events")] == {"create", "patch"}
+    assert "delete" not in grants[("crawl.example.com", "proxies")]
+    assert all("*" not in verbs for verbs in grants.values())
+    assert not any(r == "leases" for _, r in grants), "leases are a namespaced Role"
