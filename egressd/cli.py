@@ -69,9 +69,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "sandbox":
             from egressd.sandbox.command import sandbox_main
 
-            return sandbox_main(
+            code: int = sandbox_main(
                 api_only=args.api_only, ready_file=args.ready_file, proxies=args.proxies,
                 log_level=args.log_level)
+            return code
         if args.command == "run":
             try:
                 settings_from(args, os.environ)

@@ -53,7 +53,7 @@ def _choice(*choices: str) -> Callable[[str], str]:
 
 
 def _addr(text: str) -> str:
-    host, sep, port = text.rpartition(":")
+    _host, sep, port = text.rpartition(":")
     if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
         raise ValueError(f"invalid address {text!r} (use HOST:PORT or :PORT)")
     return text

@@ -24,13 +24,17 @@ def test_parse(text: str, seconds: float) -> None:
     assert parse_duration(text) == pytest.approx(seconds)
 
 
-@pytest.mark.parametrize("text", ["", "5x", "m5", "-5", "-5s", "5m junk", "1h-30m", "nan", "inf", "s"])
+@pytest.mark.parametrize(
+    "text", ["", "5x", "m5", "-5", "-5s", "5m junk", "1h-30m", "nan", "inf", "s"]
+)
 def test_parse_rejects(text: str) -> None:
     with pytest.raises(ValueError, match="duration"):
         parse_duration(text)
 
 
-@pytest.mark.parametrize(("seconds", "text"), [(90, "1m30s"), (3600, "1h"), (0, "0s"), (0.5, "0.5s")])
+@pytest.mark.parametrize(
+    ("seconds", "text"), [(90, "1m30s"), (3600, "1h"), (0, "0s"), (0.5, "0.5s")]
+)
 def test_format_round_trips(seconds: float, text: str) -> None:
     assert format_duration(seconds) == text
     assert parse_duration(text) == seconds
