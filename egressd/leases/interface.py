@@ -1,0 +1,126 @@
+"""The lease store's contract: its values, its errors and the `LeaseStore` protocol (SPEC §7).
+
+The discovery API depends on this module only, never on a concrete store, so a
+store shared between replicas can replace the in-memory one. Everything here is
+plain data: a proxy is an opaque key (`"namespace/name"`), times are wall-clock
+seconds since the epoch.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Mapping
+from typing import Protocol
+
+import attrs
+
+from egressd.errors import EgressdError
+
+GLOBAL = ""
+"""The cooldown target that blocks every acquire of a proxy."""
+
+
+class Result(enum.Enum):
+    """What a client saw through a leased proxy (`POST /v1/leases/{id}/report`)."""
+
+    OK = "ok"
+    RATE_LIMITED = "rate_limited"
+    BANNED = "banned"
+
+
+@attrs.frozen(kw_only=True)
+class Candidate:
+    """A proxy the caller has already found leasable (healthy, with a host, not deleting)."""
+
+    key: str
+    max_leases: int
+    latency_ms: float | None = None
+
+
+@attrs.frozen(kw_only=True)
+class Lease:
+    """A granted lease. `target` is `""` when the client named none."""
+
+    id: str
+    key: str
+    target: str
+    expires_at: float
+
+
+@attrs.frozen(kw_only=True)
+class Grant:
+    """A successful acquire: the lease and the proxy's active leases including it."""
+
+    lease: Lease
+    active_leases: int
+
+
+@attrs.frozen(kw_only=True)
+class Refusal:
+    """Why no candidate was granted: each candidate counts in at most one bucket.
+
+    A candidate in cooldown counts in `in_cooldown` even if it is also full, so
+    `considered == at_capacity + in_cooldown` whenever acquire refuses.
+    """
+
+    considered: int
+    at_capacity: int
+    in_cooldown: int
+
+
+@attrs.frozen(kw_only=True)
+class Cooldown:
+    """A cooldown in force: the proxy `key` is not handed out for `target` until `until`."""
+
+    key: str
+    target: str
+    until: float
+    reason: Result
+
+
+@attrs.frozen(kw_only=True)
+class Usage:
+    """What the store knows about one proxy right now (for the API's proxyView)."""
+
+    active_leases: int = 0
+    cooldowns: Mapping[str, Cooldown] = attrs.field(factory=dict)
+
+
+class UnknownLeaseError(EgressdError):
+    """Raised by `report` for an id the store never issued or has forgotten.
+
+    A lease is forgotten one retention window after it expired or was released,
+    and at once on a restart (leases live in memory only).
+    """
+
+
+class LeaseStore(Protocol):
+    """Leases and cooldowns, as the discovery API sees them."""
+
+    async def acquire(
+        self, candidates: Iterable[Candidate], *, target: str, ttl: float
+    ) -> Grant | Refusal:
+        """Grant the best candidate for `target` (`""` = none) for `ttl` seconds, or refuse."""
+        ...
+
+    async def release(self, lease_id: str) -> None:
+        """Give a lease back; unknown, expired and already released ids are fine."""
+        ...
+
+    async def report(
+        self,
+        lease_id: str,
+        *,
+        result: Result,
+        target: str | None = None,
+        retry_after: float | None = None,
+    ) -> Cooldown | None:
+        """Record an outcome; return the cooldown it started, if any.
+
+        Raises UnknownLeaseError for an id the store does not know.
+        """
+        ...
+
+    async def usage(self, keys: Iterable[str]) -> Mapping[str, Usage]:
+        """Active leases and cooldowns in force for each of `keys` (absent = none)."""
+        ...
