@@ -1,0 +1,86 @@
+"""One watch stream: decoding newline-delimited watch events into `WatchEvent`s.
+
+The client opens the HTTP stream (`KubeClient.watch`); this module turns its
+lines into events, turns an in-stream `ERROR` event into the typed API error
+(a `410 Gone` there means "relist"), and maps a cut connection to
+`WatchCut` so the informer can resume from its last resourceVersion.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import attrs
+import httpx
+
+from egressd.kube.errors import ApiUnavailable, bad_json, error_from_status
+
+ADDED = "ADDED"
+MODIFIED = "MODIFIED"
+DELETED = "DELETED"
+BOOKMARK = "BOOKMARK"
+
+
+@attrs.frozen
+class WatchEvent:
+    """One change: type ADDED, MODIFIED, DELETED or BOOKMARK, and the object."""
+
+    type: str
+    object: dict[str, Any]
+
+    @property
+    def resource_version(self) -> str:
+        meta = self.object.get("metadata") or {}
+        return str(meta.get("resourceVersion") or "")
+
+
+class WatchCut(ApiUnavailable):
+    """The watch connection broke mid-stream; resume from the last seen version."""
+
+
+class WatchStream:
+    """Async iterator over the events of one open watch response."""
+
+    def __init__(self, response: httpx.Response) -> None:
+        self._response = response
+        self._lines: AsyncIterator[str] = response.aiter_lines()
+
+    def __aiter__(self) -> WatchStream:
+        return self
+
+    async def __anext__(self) -> WatchEvent:
+        while True:
+            try:
+                line = await self._lines.__anext__()
+            except httpx.TransportError as exc:
+                raise WatchCut(f"watch stream cut: {exc!r}") from exc
+            if not line.strip():
+                continue
+            return decode_event(line, status=self._response.status_code)
+
+    async def aclose(self) -> None:
+        aclose = getattr(self._lines, "aclose", None)
+        if aclose is not None:
+            # The connection is being dropped anyway.
+            with contextlib.suppress(httpx.TransportError):
+                await aclose()
+        await self._response.aclose()
+
+
+def decode_event(line: str, *, status: int = 200) -> WatchEvent:
+    """One watch line as an event; an ERROR event raises its typed API error."""
+    try:
+        data = json.loads(line)
+    except ValueError:
+        raise bad_json(status, line.encode()) from None
+    if not isinstance(data, dict) or not isinstance(data.get("object"), dict):
+        raise bad_json(status, line.encode())
+    kind = str(data.get("type") or "")
+    obj: dict[str, Any] = data["object"]
+    if kind == "ERROR":
+        code = obj.get("code")
+        raise error_from_status(code if isinstance(code, int) else 500, obj)
+    return WatchEvent(kind, obj)
