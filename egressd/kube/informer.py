@@ -1,0 +1,291 @@
+"""A list+watch cache of one resource, like client-go's reflector and informer (SPEC §2).
+
+`Informer.run` lists, then watches from the list's resourceVersion with
+bookmarks, a random 5-10 min `timeoutSeconds` and an inactivity timeout. A
+watch that ends or breaks is resumed from the last version seen (no relist);
+a `410 Gone` relists from that version, and a relist that is 410 too falls
+back to a quorum list (resourceVersion ""). Relists and failing watch opens
+back off 0.8 s doubling to 30 s with jitter. The cache is raw dicts keyed
+`namespace/name`; handlers are synchronous callbacks (typically: enqueue the
+key), called after the cache has changed.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+import trio
+
+from egressd.kube.client import KubeClient
+from egressd.kube.errors import ApiError, ApiUnavailable, Gone
+from egressd.kube.resources import Resource, object_key
+from egressd.kube.watch import ADDED, BOOKMARK, DELETED, MODIFIED, WatchCut, WatchEvent
+from egressd.metrics import WATCH_RESTARTS
+
+log = logging.getLogger(__name__)
+
+Obj = dict[str, Any]
+
+
+@attrs.frozen
+class Handler:
+    """Callbacks for one consumer; any of them may be None."""
+
+    on_add: Callable[[Obj], None] | None = None
+    on_update: Callable[[Obj, Obj], None] | None = None
+    """Called with (old, new)."""
+    on_delete: Callable[[Obj], None] | None = None
+    """Called with the last state of the object."""
+
+
+@attrs.define
+class Backoff:
+    """Exponential backoff with jitter: `initial` doubling up to `maximum`."""
+
+    initial: float = 0.8
+    maximum: float = 30.0
+    _current: float = 0.0
+
+    def next(self) -> float:
+        self._current = self.initial if self._current == 0 else min(
+            self._current * 2, self.maximum)
+        return self._current * random.uniform(1.0, 1.5)  # noqa: S311 - jitter, not crypto
+
+    def reset(self) -> None:
+        self._current = 0.0
+
+
+def _rv(obj: Obj) -> str:
+    return str((obj.get("metadata") or {}).get("resourceVersion") or "")
+
+
+class Informer:
+    """An in-memory, watch-fed cache of one resource (optionally namespace/label restricted)."""
+
+    def __init__(
+        self,
+        resource: Resource,
+        *,
+        namespace: str | None = None,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+        watch_timeout: tuple[int, int] = (300, 600),
+        inactivity_timeout: float = 120.0,
+        relist_backoff: tuple[float, float] = (0.8, 30.0),
+        healthy_watch: float = 1.0,
+    ) -> None:
+        """`watch_timeout` is the range of the random timeoutSeconds; a watch
+        that delivers nothing for `inactivity_timeout` seconds is reopened; one
+        that lived `healthy_watch` seconds or delivered an event is reopened
+        at once, a shorter one after a backoff."""
+        self.resource = resource
+        self.namespace = namespace or None
+        self.label_selector = label_selector
+        self.field_selector = field_selector
+        self.synced = trio.Event()
+        self._watch_timeout = watch_timeout
+        self._inactivity_timeout = inactivity_timeout
+        self._backoff = Backoff(*relist_backoff)
+        self._healthy_watch = healthy_watch
+        self._cache: dict[str, Obj] = {}
+        self._handlers: list[Handler] = []
+        self._rv = ""
+
+    # -- the cache ---------------------------------------------------------
+
+    def get(self, key: str) -> Obj | None:
+        """The cached object for `namespace/name`, or None."""
+        return self._cache.get(key)
+
+    def items(self) -> list[Obj]:
+        """Every cached object (a snapshot list; the dicts are shared, do not mutate)."""
+        return list(self._cache.values())
+
+    def keys(self) -> list[str]:
+        return list(self._cache)
+
+    def __len__(self) -> int:
+        return len(self._cache)
+
+    @property
+    def resource_version(self) -> str:
+        """The last resourceVersion seen (list, event or bookmark)."""
+        return self._rv
+
+    def add_handler(
+        self,
+        *,
+        on_add: Callable[[Obj], None] | None = None,
+        on_update: Callable[[Obj, Obj], None] | None = None,
+        on_delete: Callable[[Obj], None] | None = None,
+    ) -> None:
+        """Register callbacks; objects already cached are replayed to `on_add`."""
+        handler = Handler(on_add, on_update, on_delete)
+        self._handlers.append(handler)
+        if on_add is not None:
+            for obj in list(self._cache.values()):
+                self._call(on_add, obj)
+
+    def add_key_handler(self, callback: Callable[[str], None]) -> None:
+        """Call `callback(namespace/name)` on every add, update and delete."""
+        self.add_handler(
+            on_add=lambda obj: callback(object_key(obj)),
+            on_update=lambda old, new: callback(object_key(new)),
+            on_delete=lambda obj: callback(object_key(obj)),
+        )
+
+    def _call(self, fn: Callable[..., None], *args: Obj) -> None:
+        try:
+            fn(*args)
+        except Exception:
+            # A handler bug must not stop the cache (client-go's HandleCrash).
+            log.exception("informer handler failed", extra={"resource": self.resource.plural})
+
+    def _added(self, obj: Obj) -> None:
+        for h in self._handlers:
+            if h.on_add is not None:
+                self._call(h.on_add, obj)
+
+    def _updated(self, old: Obj, new: Obj) -> None:
+        for h in self._handlers:
+            if h.on_update is not None:
+                self._call(h.on_update, old, new)
+
+    def _deleted(self, obj: Obj) -> None:
+        for h in self._handlers:
+            if h.on_delete is not None:
+                self._call(h.on_delete, obj)
+
+    def _replace(self, items: list[Obj], resource_version: str) -> None:
+        fresh = {object_key(obj): obj for obj in items}
+        old_cache = self._cache
+        self._cache = fresh
+        self._rv = resource_version
+        for key, old in old_cache.items():
+            if key not in fresh:
+                self._deleted(old)
+        for key, obj in fresh.items():
+            old = old_cache.get(key)
+            if old is None:
+                self._added(obj)
+            elif _rv(old) != _rv(obj):
+                self._updated(old, obj)
+
+    def _apply(self, event: WatchEvent) -> None:
+        obj = event.object
+        if event.type == BOOKMARK:
+            self._rv = event.resource_version or self._rv
+            return
+        if event.type not in (ADDED, MODIFIED, DELETED):
+            log.warning("unknown watch event type", extra={"type": event.type})
+            return
+        key = object_key(obj)
+        if event.type == DELETED:
+            old = self._cache.pop(key, None)
+            self._rv = event.resource_version or self._rv
+            self._deleted(obj if obj.get("metadata") else (old or obj))
+            return
+        old = self._cache.get(key)
+        self._cache[key] = obj
+        self._rv = event.resource_version or self._rv
+        if old is None:
+            self._added(obj)
+        else:
+            self._updated(old, obj)
+
+    # -- list and watch ----------------------------------------------------
+
+    def _restart(self, reason: str) -> None:
+        WATCH_RESTARTS.labels(resource=self.resource.plural, reason=reason).inc()
+
+    async def _list(self, client: KubeClient, resource_version: str) -> None:
+        """List into the cache; a 410 on a versioned relist falls back to a quorum list."""
+        try:
+            result = await client.list(
+                self.resource, namespace=self.namespace, label_selector=self.label_selector,
+                field_selector=self.field_selector, resource_version=resource_version)
+        except Gone:
+            if not resource_version:
+                raise
+            log.info("relist version too old, quorum list",
+                     extra={"resource": self.resource.plural})
+            result = await client.list(
+                self.resource, namespace=self.namespace, label_selector=self.label_selector,
+                field_selector=self.field_selector, resource_version="")
+        self._replace(result.items, result.resource_version)
+
+    async def run(
+        self, client: KubeClient, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Keep the cache in sync until cancelled; `started()` once the first list is in."""
+        started = False
+        list_version = ""
+        while True:
+            try:
+                await self._list(client, list_version)
+            except (ApiError, ApiUnavailable) as exc:
+                delay = self._backoff.next()
+                log.warning("list failed, retrying",
+                            extra={"resource": self.resource.plural, "error": str(exc),
+                                   "delay": round(delay, 2)})
+                await trio.sleep(delay)
+                continue
+            if not started:
+                started = True
+                self.synced.set()
+                task_status.started()
+            await self._watch_until_gone(client)
+            self._restart("gone")
+            list_version = self._rv
+            await trio.sleep(self._backoff.next())
+
+    async def _watch_until_gone(self, client: KubeClient) -> None:
+        """Watch and resume from the last version until the server answers 410."""
+        while True:
+            low, high = self._watch_timeout
+            opened_at: float | None = None
+            delivered = False
+            reason = "closed"
+            try:
+                async with client.watch(
+                    self.resource, namespace=self.namespace,
+                    label_selector=self.label_selector, field_selector=self.field_selector,
+                    resource_version=self._rv,
+                    timeout_seconds=random.randint(low, high),  # noqa: S311 - spread, not crypto
+                ) as stream:
+                    opened_at = trio.current_time()
+                    while True:
+                        event: WatchEvent | None = None
+                        with trio.move_on_after(self._inactivity_timeout) as quiet:
+                            event = await anext(stream, None)
+                        if quiet.cancelled_caught:
+                            reason = "inactive"
+                            break
+                        if event is None:
+                            break
+                        self._apply(event)
+                        delivered = True
+            except Gone:
+                log.info("watch version too old, relisting",
+                         extra={"resource": self.resource.plural, "version": self._rv})
+                return
+            except WatchCut as exc:
+                reason = "cut"
+                log.info("watch cut, resuming",
+                         extra={"resource": self.resource.plural, "error": str(exc)})
+            except (ApiError, ApiUnavailable) as exc:
+                reason = "error"
+                log.warning("watch failed",
+                            extra={"resource": self.resource.plural, "error": str(exc)})
+            self._restart(reason)
+            healthy = delivered or (
+                opened_at is not None
+                and trio.current_time() - opened_at >= self._healthy_watch)
+            if healthy:
+                self._backoff.reset()
+            else:
+                await trio.sleep(self._backoff.next())
