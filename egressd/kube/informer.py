@@ -165,9 +165,9 @@ class Informer:
         old_cache = self._cache
         self._cache = fresh
         self._rv = resource_version
-        for key, old in old_cache.items():
+        for key, gone in old_cache.items():
             if key not in fresh:
-                self._deleted(old)
+                self._deleted(gone)
         for key, obj in fresh.items():
             old = old_cache.get(key)
             if old is None:
@@ -189,13 +189,13 @@ class Informer:
             self._rv = event.resource_version or self._rv
             self._deleted(obj if obj.get("metadata") else (old or obj))
             return
-        old = self._cache.get(key)
+        previous = self._cache.get(key)
         self._cache[key] = obj
         self._rv = event.resource_version or self._rv
-        if old is None:
+        if previous is None:
             self._added(obj)
         else:
-            self._updated(old, obj)
+            self._updated(previous, obj)
 
     # -- list and watch ----------------------------------------------------
 
