@@ -1,0 +1,151 @@
+"""The discovery API (SPEC §7): list proxies, acquire, release and report on leases.
+
+A Quart-Trio app over a `ProxySource` (the informer cache) and a `LeaseStore`
+(the interface, never the concrete store). Every error, including unknown
+routes and wrong methods, is `{"error": code, "message": text}`.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from quart import Response, request
+from quart_trio import QuartTrio
+
+from egressd.http import middleware
+from egressd.http.common import json_response, new_app
+from egressd.http.openapi import document
+from egressd.http.source import ProxySource
+from egressd.http.wire import (
+    ApiError,
+    leasable,
+    matches,
+    parse_bool,
+    parse_lease_request,
+    parse_report_request,
+    parse_selector,
+    proxy_url,
+    proxy_view,
+    rfc3339,
+)
+from egressd.leases import Candidate, Grant, LeaseStore, UnknownLeaseError
+from egressd.model.helpers import effective_host, effective_port, is_healthy, max_leases
+from egressd.model.proxy import Proxy
+
+log = logging.getLogger(__name__)
+
+LIST_PARAMS = ("selector", "healthy")
+
+
+def create_discovery_app(
+    source: ProxySource,
+    *,
+    store: LeaseStore,
+    default_ttl: float,
+    max_ttl: float,
+    token: str | None,
+) -> QuartTrio:
+    """The discovery app, its middleware installed. `token=None` serves unauthenticated."""
+    app = new_app("egressd.discovery")
+    if token is None:
+        log.warning(
+            "DISCOVERY API IS UNAUTHENTICATED: no DISCOVERY_TOKEN or --discovery-token-file "
+            "configured; anyone who can reach it can lease proxies")
+
+    @app.get("/healthz")
+    async def healthz() -> Response:
+        return json_response({"status": "ok"})
+
+    @app.get("/openapi.json")
+    async def openapi() -> Response:
+        return json_response(document(max_ttl=max_ttl, default_ttl=default_ttl))
+
+    @app.get("/v1/proxies")
+    async def list_proxies() -> Response:
+        unknown = sorted(set(request.args) - set(LIST_PARAMS))
+        if unknown:
+            raise ApiError("invalid_query", f"unknown query parameter(s) {', '.join(unknown)}")
+        selectors = request.args.getlist("selector")
+        if len(selectors) > 1:
+            raise ApiError("invalid_selector", "give selector once: selector=k=v,k2=v2")
+        selector = parse_selector(selectors[0] if selectors else "")
+        healthy_args = request.args.getlist("healthy")
+        if len(healthy_args) > 1:
+            raise ApiError("invalid_query", "give healthy once")
+        healthy = parse_bool(healthy_args[0], "healthy") if healthy_args else None
+        chosen = [
+            p for p in source.proxies()
+            if matches(p, selector) and (healthy is None or (is_healthy(p) is True) is healthy)
+        ]
+        chosen.sort(key=lambda p: p.key)
+        usage = await store.usage(p.key for p in chosen)
+        return json_response({"items": [proxy_view(p, usage.get(p.key)) for p in chosen]})
+
+    @app.post("/v1/leases")
+    async def acquire() -> Response:
+        req = parse_lease_request(
+            await _body(), default_ttl=default_ttl, max_ttl=max_ttl)
+        considered = 0
+        by_key: dict[str, Proxy] = {}
+        for proxy in source.proxies():
+            if not matches(proxy, req.selector):
+                continue
+            considered += 1
+            if leasable(proxy):
+                by_key[proxy.key] = proxy
+        candidates = (
+            Candidate(key=key, max_leases=max_leases(p.spec), latency_ms=p.status.latency_ms)
+            for key, p in by_key.items()
+        )
+        outcome = await store.acquire(candidates, target=req.target, ttl=req.ttl)
+        if not isinstance(outcome, Grant):
+            raise ApiError(
+                "no_proxy_available",
+                "no proxy matching the selector is free for this target",
+                status=409,
+                extra={
+                    "considered": considered,
+                    # Every match that is not leasable: unhealthy, unprobed, hostless, deleting.
+                    "unhealthy": considered - outcome.considered,
+                    "atCapacity": outcome.at_capacity,
+                    "inCooldown": outcome.in_cooldown,
+                },
+            )
+        lease = outcome.lease
+        proxy = by_key[lease.key]
+        usage = (await store.usage([lease.key])).get(lease.key)
+        view = proxy_view(proxy, usage)
+        view["activeLeases"] = outcome.active_leases
+        host = effective_host(proxy)
+        assert host is not None  # leasable() checked it
+        return json_response({
+            "leaseId": lease.id,
+            "proxy": view,
+            "proxyUrl": proxy_url(host, effective_port(proxy)),
+            "expiresAt": rfc3339(lease.expires_at),
+            "activeLeases": outcome.active_leases,
+        }, 201)
+
+    @app.delete("/v1/leases/<lease_id>")
+    async def release(lease_id: str) -> Response:
+        await store.release(lease_id)
+        return Response("", status=204)
+
+    @app.post("/v1/leases/<lease_id>/report")
+    async def report(lease_id: str) -> Response:
+        req = parse_report_request(await _body())
+        try:
+            await store.report(
+                lease_id, result=req.result, target=req.target, retry_after=req.retry_after)
+        except UnknownLeaseError:
+            raise ApiError("unknown_lease", "no such lease (never issued, or long expired)",
+                           status=404) from None
+        return Response("", status=204)
+
+    app.asgi_app = middleware.wrap(app.asgi_app, token=token)  # type: ignore[method-assign,assignment]
+    return app
+
+
+async def _body() -> bytes:
+    data = await request.get_data(as_text=False)
+    return data if isinstance(data, bytes) else data.encode()

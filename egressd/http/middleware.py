@@ -1,0 +1,183 @@
+"""ASGI middleware of the discovery API (SPEC §7), outermost first.
+
+`wrap(app, token=...)` stacks: recovery (an unhandled error becomes a logged 500
+with the JSON error shape), request log (one line per request), a body cap
+(64 KiB, 413), bearer auth (constant-time compare; `/healthz` exempt). Each is a
+plain ASGI callable wrapper, so the order is exactly what `wrap` says and holds
+for every request, including ones that match no route.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+# Any in the app's own signature: Quart and Hypercorn type scopes and events as TypedDicts.
+ASGIApp = Callable[[Any, Any, Any], Awaitable[None]]
+
+MAX_BODY = 64 * 1024
+"""SPEC §7: request bodies are capped at 64 KiB."""
+
+AUTH_EXEMPT = frozenset({"/healthz"})
+
+
+async def send_error(
+    send: Send, status: int, code: str, message: str,
+    *, headers: list[tuple[bytes, bytes]] | None = None,
+) -> None:
+    """Answer with the API's error shape `{"error": code, "message": text}`."""
+    body = json.dumps({"error": code, "message": message}, separators=(",", ":")).encode()
+    await send({
+        "type": "http.response.start",
+        "status": status,
+        "headers": [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+            *(headers or []),
+        ],
+    })
+    await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+def recovery(app: ASGIApp) -> ASGIApp:
+    """Turn any error escaping the app into a logged 500 (the connection survives)."""
+
+    async def middleware(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await app(scope, receive, send)
+            return
+        started = False
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await app(scope, receive, tracking_send)
+        except* Exception:
+            # except* leaves trio.Cancelled (a BaseException) to propagate.
+            log.exception(
+                "unhandled error", extra={"method": scope.get("method"), "path": scope.get("path")})
+            if not started:
+                await send_error(send, 500, "internal_error", "internal server error")
+
+    return middleware
+
+
+def request_log(app: ASGIApp) -> ASGIApp:
+    """Log one line per request: method, path, status, duration (never headers or bodies)."""
+
+    async def middleware(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await app(scope, receive, send)
+            return
+        status = 0
+        start = time.monotonic()
+
+        async def status_send(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await app(scope, receive, status_send)
+        finally:
+            log.info("request", extra={
+                "method": scope.get("method"),
+                "path": scope.get("path"),
+                "status": status or None,
+                "ms": round((time.monotonic() - start) * 1000, 1),
+            })
+
+    return middleware
+
+
+def body_cap(app: ASGIApp, *, limit: int = MAX_BODY) -> ASGIApp:
+    """Read the whole body up front; answer 413 above `limit` before the app runs.
+
+    Reading first (at most `limit` bytes kept) means the app never sees a
+    partial body and a too-large request changes no state.
+    """
+
+    async def middleware(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await app(scope, receive, send)
+            return
+        too_large = False
+        for name, value in scope.get("headers", ()):
+            if name == b"content-length" and value.isdigit() and int(value) > limit:
+                too_large = True
+        chunks: list[bytes] = []
+        size = 0
+        while not too_large:
+            message = await receive()
+            if message["type"] != "http.request":
+                # The client left before sending its body: nothing to answer.
+                return
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                too_large = True
+                break
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        if too_large:
+            await send_error(send, 413, "body_too_large",
+                             f"request body larger than {limit} bytes")
+            return
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+            return await receive()
+
+        await app(scope, replay, send)
+
+    return middleware
+
+
+def bearer_auth(app: ASGIApp, *, token: str) -> ASGIApp:
+    """Require `Authorization: Bearer <token>` except on AUTH_EXEMPT paths."""
+    expected = token.encode()
+
+    async def middleware(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope.get("path") in AUTH_EXEMPT:
+            await app(scope, receive, send)
+            return
+        given = b""
+        for name, value in scope.get("headers", ()):
+            if name == b"authorization":
+                scheme, _, rest = value.partition(b" ")
+                if scheme.lower() == b"bearer":
+                    given = rest.strip()
+        # compare_digest: the time taken does not reveal how much of the token matched.
+        if not given or not hmac.compare_digest(given, expected):
+            await send_error(send, 401, "unauthorized", "missing or wrong bearer token",
+                             headers=[(b"www-authenticate", b'Bearer realm="egressd"')])
+            return
+        await app(scope, receive, send)
+
+    return middleware
+
+
+def wrap(app: ASGIApp, *, token: str | None) -> ASGIApp:
+    """The discovery API's stack, outermost first: recovery, log, body cap, auth."""
+    inner = app if token is None else bearer_auth(app, token=token)
+    return recovery(request_log(body_cap(inner)))

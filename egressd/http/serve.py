@@ -1,0 +1,66 @@
+"""Serving an app with Hypercorn inside the caller's nursery, and stopping it gracefully.
+
+`addrs = await nursery.start(serve_app, app, ":8090", grace=10)` returns the
+bound URLs (use port 0 in tests). Cancelling the task is the stop: the server
+stops accepting, idle keep-alive connections are closed, in-flight requests get
+up to `grace` seconds, then whatever is left is cancelled (SPEC §7).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import trio
+from hypercorn.config import Config
+from hypercorn.trio import serve
+
+log = logging.getLogger(__name__)
+
+# After the grace period Hypercorn cancels its own connections; this bounds the
+# wait for that (and for Quart's after_serving hooks) in case anything hangs.
+_STOP_MARGIN = 1.0
+
+
+def hypercorn_config(addr: str, *, grace: float) -> Config:
+    host, _, port = addr.rpartition(":")
+    if not host:
+        host = "0.0.0.0"  # noqa: S104 - ":8090" means every interface, as in Go
+    config = Config()
+    config.bind = [f"{host}:{port}"]
+    config.graceful_timeout = grace
+    config.accesslog = None  # the request-log middleware logs each request once
+    config.errorlog = logging.getLogger("egressd.http.hypercorn")
+    return config
+
+
+async def serve_app(
+    app: Any,
+    addr: str,
+    *,
+    grace: float,
+    task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve `app` on `addr` until cancelled; `task_status.started` gets the bound URLs."""
+    config = hypercorn_config(addr, grace=grace)
+    shutdown = trio.Event()
+    # The server runs shielded so that our cancellation becomes a graceful shutdown
+    # (shutdown_trigger) instead of cutting in-flight requests at once; its own
+    # deadline, set below, still bounds how long the shutdown may take.
+    server_scope = trio.CancelScope(shield=True)
+
+    async def run_server(task_status: trio.TaskStatus[list[str]]) -> None:
+        with server_scope:
+            await serve(app, config, shutdown_trigger=shutdown.wait, task_status=task_status)
+
+    async with trio.open_nursery() as nursery:
+        bound: list[str] = await nursery.start(run_server)
+        log.info("listening", extra={"urls": " ".join(bound)})
+        task_status.started(bound)
+        try:
+            await trio.sleep_forever()
+        finally:
+            shutdown.set()
+            server_scope.deadline = trio.current_time() + grace + _STOP_MARGIN
+
+
