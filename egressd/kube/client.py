@@ -295,7 +295,7 @@ class KubeClient:
         self, res: Resource, name: str, *, namespace: str | None = None,
         propagation_policy: str | None = None,
     ) -> dict[str, Any] | None:
-        """DELETE an object; returns it while finalizers hold it, None once it is gone.
+        """DELETE an object; returns it while it terminates (finalizers), None once gone.
 
         Raises NotFound when it did not exist.
         """
@@ -304,7 +304,11 @@ class KubeClient:
             body = {"apiVersion": "v1", "kind": "DeleteOptions",
                     "propagationPolicy": propagation_policy}
         answer = await self._json("DELETE", res.path(namespace=namespace, name=name), body=body)
-        if answer.get("kind") == "Status":
+        # The server answers a Status or the last state of the object; only an
+        # object marked for deletion (finalizers, graceful Pod deletion) is
+        # still there.
+        if answer.get("kind") == "Status" or not (
+                answer.get("metadata") or {}).get("deletionTimestamp"):
             return None
         return _typed(answer, res)
 

@@ -94,6 +94,8 @@ class Informer:
         self._cache: dict[str, Obj] = {}
         self._handlers: list[Handler] = []
         self._rv = ""
+        self.lists = 0
+        """How many lists this informer made (the first one included)."""
 
     # -- the cache ---------------------------------------------------------
 
@@ -204,6 +206,7 @@ class Informer:
 
     async def _list(self, client: KubeClient, resource_version: str) -> None:
         """List into the cache; a 410 on a versioned relist falls back to a quorum list."""
+        self.lists += 1
         try:
             result = await client.list(
                 self.resource, namespace=self.namespace, label_selector=self.label_selector,
@@ -213,6 +216,7 @@ class Informer:
                 raise
             log.info("relist version too old, quorum list",
                      extra={"resource": self.resource.plural})
+            self.lists += 1
             result = await client.list(
                 self.resource, namespace=self.namespace, label_selector=self.label_selector,
                 field_selector=self.field_selector, resource_version="")

@@ -15,6 +15,7 @@ from typing import Any
 
 import attrs
 import httpx
+import trio
 
 from egressd.kube.errors import ApiUnavailable, bad_json, error_from_status
 
@@ -62,12 +63,17 @@ class WatchStream:
             return decode_event(line, status=self._response.status_code)
 
     async def aclose(self) -> None:
-        aclose = getattr(self._lines, "aclose", None)
-        if aclose is not None:
-            # The connection is being dropped anyway.
-            with contextlib.suppress(httpx.TransportError):
-                await aclose()
+        """Close the response and finish httpx's chain of line/byte generators.
+
+        Closing only the outermost generator would leave the inner ones
+        suspended, and trio warns about every unfinished async generator
+        that is garbage collected; once the connection is closed, one more
+        read ends the whole chain with an error.
+        """
         await self._response.aclose()
+        with trio.move_on_after(1.0), contextlib.suppress(Exception):
+            async for _ in self._lines:
+                pass
 
 
 def decode_event(line: str, *, status: int = 200) -> WatchEvent:
