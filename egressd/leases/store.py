@@ -263,7 +263,7 @@ class MemoryLeaseStore:
             await trio.sleep(self._sweep_interval if interval is None else interval)
             self.collect()
 
-    def __len__(self) -> int:
+    def remembered(self) -> int:
         """Leases remembered (active or retained), for tests of the sweeper."""
         return len(self._leases)
 
