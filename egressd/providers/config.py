@@ -8,6 +8,7 @@ values are frozen attrs classes with snake_case fields.
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -43,7 +44,7 @@ class ProvidersConfigError(ConfigError):
 class GcpConfig:
     """A GCP Compute Engine provider: where and how its VMs are made."""
 
-    project: str | None
+    project: str | None = None
     """The project; unset means the project of the Application Default Credentials."""
     zone: str
     """Default zone; a Proxy's `placement.zone` overrides it."""
@@ -61,6 +62,15 @@ class GcpConfig:
     """A service-account key file; unset means Application Default Credentials."""
 
 
+# Clients a kubernetes-provider proxy serves by default: private and CGNAT
+# ranges cover Pod and node CIDRs on common clusters. Never "all": even inside
+# a cluster an open proxy is an open door.
+PRIVATE_SOURCES = (
+    "10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10", "127.0.0.0/8",
+    "fc00::/7", "fe80::/10", "::1",
+)
+
+
 @attrs.frozen(kw_only=True)
 class KubernetesConfig:
     """A Kubernetes provider: Squid Pods in one namespace."""
@@ -69,6 +79,8 @@ class KubernetesConfig:
     """Namespace the Pods are created in."""
     image: str
     """Container image with Squid and a POSIX shell (e.g. `ubuntu/squid:6.6-24.04_edge`)."""
+    allowed_sources: tuple[str, ...] = PRIVATE_SOURCES
+    """CIDRs allowed to use the proxies (default: private and CGNAT ranges)."""
 
 
 @attrs.frozen(kw_only=True)
@@ -107,6 +119,7 @@ class _Field:
     kind: str  # "str" or "str-list"
     required: bool
     check: Check | None = None
+    min_items: int = 0
 
 
 def _matches(pattern: re.Pattern[str], what: str) -> Check:
@@ -118,6 +131,14 @@ def _matches(pattern: re.Pattern[str], what: str) -> Check:
 
 def _non_empty(value: Any) -> str | None:
     return None if value.strip() else "must not be empty"
+
+
+def _cidr(value: Any) -> str | None:
+    try:
+        ipaddress.ip_network(value, strict=False)
+    except ValueError:
+        return f"{value!r} is not an IP address or CIDR"
+    return None
 
 
 _GCP_FIELDS = (
@@ -135,6 +156,7 @@ _KUBERNETES_FIELDS = (
     _Field("namespace", "namespace", "str", True,
            _matches(_DNS_LABEL_RE, "a namespace name (a DNS label)")),
     _Field("image", "image", "str", True, _non_empty),
+    _Field("allowedSources", "allowed_sources", "str-list", False, _cidr, min_items=1),
 )
 _BLOCKS: dict[str, tuple[tuple[_Field, ...], type[GcpConfig] | type[KubernetesConfig]]] = {
     GCP: (_GCP_FIELDS, GcpConfig),
@@ -185,6 +207,9 @@ def _block(raw: Any, fields: Sequence[_Field], path: str,
                 problems.append(f"{where}: expected a list of strings, got {_type_name(value)}")
                 ok = False
                 continue
+            if len(value) < f.min_items:
+                problems.append(f"{where}: needs at least {f.min_items} item(s)")
+                ok = False
             items: list[str] = []
             for i, item in enumerate(value):
                 if not isinstance(item, str):
