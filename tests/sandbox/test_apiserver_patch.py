@@ -1,0 +1,155 @@
+"""Patch kinds: merge, JSON patch, strategic merge, server-side apply, and bad patches."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+import trio
+
+from tests.sandbox.support import (
+    APPLY,
+    JSON_PATCH,
+    MERGE,
+    PODS,
+    PROXIES,
+    STRATEGIC,
+    created,
+    pod,
+    proxy,
+)
+
+
+async def test_merge_patch_merges_and_null_deletes(api_client: httpx.AsyncClient) -> None:
+    with trio.fail_after(10):
+        body = proxy("a", attributes={"region": "eu", "tier": "x"})
+        await created(api_client, PROXIES, body)
+        response = await api_client.patch(f"{PROXIES}/a", headers=MERGE, json={
+            "spec": {"attributes": {"tier": None, "zone": "b"}}})
+        assert response.status_code == 200, response.text
+        assert response.json()["spec"]["attributes"] == {"region": "eu", "zone": "b"}
+        assert response.json()["metadata"]["generation"] == 2
+
+
+async def test_json_patch_and_a_failed_test_op(api_client: httpx.AsyncClient) -> None:
+    with trio.fail_after(10):
+        await created(api_client, PROXIES, proxy("a"))
+        ok = await api_client.patch(f"{PROXIES}/a", headers=JSON_PATCH, json=[
+            {"op": "test", "path": "/spec/port", "value": 3128},
+            {"op": "replace", "path": "/spec/port", "value": 8080}])
+        assert ok.status_code == 200 and ok.json()["spec"]["port"] == 8080
+        failed = await api_client.patch(f"{PROXIES}/a", headers=JSON_PATCH, json=[
+            {"op": "test", "path": "/spec/port", "value": 3128},
+            {"op": "replace", "path": "/spec/port", "value": 9090}])
+        assert failed.status_code == 422
+        assert failed.json()["kind"] == "Status" and failed.json()["reason"] == "Invalid"
+        missing = await api_client.patch(f"{PROXIES}/a", headers=JSON_PATCH, json=[
+            {"op": "remove", "path": "/spec/nothing/here"}])
+        assert missing.status_code == 422
+        assert (await api_client.get(f"{PROXIES}/a")).json()["spec"]["port"] == 8080
+
+
+async def test_stale_resource_version_in_a_patch_is_409(api_client: httpx.AsyncClient) -> None:
+    with trio.fail_after(10):
+        obj = await created(api_client, PROXIES, proxy("a"))
+        rv = obj["metadata"]["resourceVersion"]
+        ok = await api_client.patch(f"{PROXIES}/a", headers=MERGE, json={
+            "metadata": {"resourceVersion": rv}, "spec": {"port": 1}})
+        assert ok.status_code == 200
+        stale = await api_client.patch(f"{PROXIES}/a", headers=MERGE, json={
+            "metadata": {"resourceVersion": rv}, "spec": {"port": 2}})
+        assert stale.status_code == 409 and stale.json()["reason"] == "Conflict"
+        assert "the object has been modified" in stale.json()["message"]
+
+
+async def test_patch_content_types(api_client: httpx.AsyncClient) -> None:
+    with trio.fail_after(10):
+        await created(api_client, PROXIES, proxy("a"))
+        strategic = await api_client.patch(f"{PROXIES}/a", headers=STRATEGIC,
+                                           json={"spec": {"port": 1}})
+        assert strategic.status_code == 415
+        assert strategic.json()["reason"] == "UnsupportedMediaType"
+        assert "application/strategic-merge-patch+json" not in strategic.json()["message"]
+        odd = await api_client.patch(f"{PROXIES}/a", headers={"Content-Type": "text/plain"},
+                                     content=b"port=1")
+        assert odd.status_code == 415
+
+
+async def test_strategic_merge_on_pods_merges_lists_by_key(
+        api_client: httpx.AsyncClient) -> None:
+    with trio.fail_after(10):
+        body = pod("p")
+        body["metadata"]["finalizers"] = ["a/one"]
+        await created(api_client, PODS, body)
+        response = await api_client.patch(f"{PODS}/p", headers=STRATEGIC, json={
+            "metadata": {"finalizers": ["b/two"], "labels": {"x": "y"}},
+            "spec": {"containers": [{"name": "squid", "image": "squid:7"}]}})
+        assert response.status_code == 200, response.text
+        obj = response.json()
+        assert obj["metadata"]["finalizers"] == ["a/one", "b/two"]
+        assert obj["spec"]["containers"] == [{"name": "squid", "image": "squid:7"}]
+        status = await api_client.patch(f"{PODS}/p/status", headers=STRATEGIC, json={
+            "status": {"conditions": [{"type": "Ready", "status": "True"}]}})
+        status = await api_client.patch(f"{PODS}/p/status", headers=STRATEGIC, json={
+            "status": {"conditions": [{"type": "Initialized", "status": "True"}]}})
+        assert [c["type"] for c in status.json()["status"]["conditions"]] == [
+            "Ready", "Initialized"]
+        removed = await api_client.patch(f"{PODS}/p", headers=STRATEGIC, json={
+            "metadata": {"$deleteFromPrimitiveList/finalizers": ["a/one"]}})
+        assert removed.json()["metadata"]["finalizers"] == ["b/two"]
+
+
+async def test_server_side_apply_creates_then_merges(api_client: httpx.AsyncClient) -> None:
+    with trio.fail_after(10):
+        manifest = ("apiVersion: crawl.example.com/v1alpha1\nkind: Proxy\n"
+                    "metadata: {name: s}\nspec:\n  mode: External\n"
+                    "  endpoint: {host: 192.0.2.9, port: 3128}\n")
+        params = {"fieldManager": "tester"}
+        first = await api_client.patch(f"{PROXIES}/s", headers=APPLY, params=params,
+                                       content=manifest.encode())
+        assert first.status_code == 201, first.text
+        second = await api_client.patch(f"{PROXIES}/s", headers=APPLY, params=params,
+                                        content=manifest.replace("3128", "8080").encode())
+        assert second.status_code == 200
+        assert second.json()["spec"]["endpoint"]["port"] == 8080
+        assert second.json()["metadata"]["uid"] == first.json()["metadata"]["uid"]
+        no_manager = await api_client.patch(f"{PROXIES}/s", headers=APPLY,
+                                            content=manifest.encode())
+        assert no_manager.status_code == 400
+
+
+@pytest.mark.parametrize(("headers", "content"), [
+    (MERGE, b"{not json"),
+    (MERGE, b"[1, 2]"),
+    (JSON_PATCH, b'{"op": "add"}'),
+    (JSON_PATCH, b'[{"op": "frobnicate", "path": "/spec"}]'),
+    (APPLY, b"- just\n- a list\n"),
+    (APPLY, b"key: [unclosed"),
+    (MERGE, b"\xff\xfe"),
+])
+async def test_malformed_patches_are_400s(api_client: httpx.AsyncClient,
+                                          headers: dict[str, str], content: bytes) -> None:
+    with trio.fail_after(10):
+        await created(api_client, PROXIES, proxy("a"))
+        response = await api_client.patch(f"{PROXIES}/a", headers=headers, content=content,
+                                          params={"fieldManager": "t"})
+        assert response.status_code == 400, response.text
+        assert response.json()["kind"] == "Status"
+        assert (await api_client.get(f"{PROXIES}/a")).status_code == 200
+
+
+@pytest.mark.parametrize("content", [b"", b"{", b"[]", b'"x"', b'{"metadata": 5}',
+                                     b'{"kind": "Pod", "metadata": {"name": "x"}}',
+                                     b'{"apiVersion": "v9", "metadata": {"name": "x"}}'])
+async def test_malformed_bodies_are_400s(api_client: httpx.AsyncClient, content: bytes) -> None:
+    with trio.fail_after(10):
+        response = await api_client.post(PROXIES, content=content,
+                                         headers={"Content-Type": "application/json"})
+        assert response.status_code == 400, response.text
+        assert response.json()["reason"] == "BadRequest"
+        assert (await api_client.get(PROXIES)).status_code == 200
+
+
+async def test_patch_of_a_missing_object_is_404(api_client: httpx.AsyncClient) -> None:
+    with trio.fail_after(10):
+        response = await api_client.patch(f"{PROXIES}/nope", headers=MERGE, json={})
+        assert response.status_code == 404 and response.json()["reason"] == "NotFound"
