@@ -22,6 +22,38 @@ log = logging.getLogger(__name__)
 _STOP_MARGIN = 1.0
 
 
+class _InFlight:
+    """Counts HTTP requests being handled, so a stop waits for those and nothing else.
+
+    Hypercorn's own graceful shutdown also waits for idle keep-alive connections
+    (a metrics scraper, a kubelet probe), which would turn every stop into the
+    full grace period; this lets the stop end as soon as the last request does.
+    """
+
+    def __init__(self, app: Any) -> None:
+        self._app = app
+        self._count = 0
+        self._idle = trio.Event()
+        self._idle.set()
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self._app(scope, receive, send)
+            return
+        self._count += 1
+        self._idle = trio.Event() if self._idle.is_set() else self._idle
+        try:
+            await self._app(scope, receive, send)
+        finally:
+            self._count -= 1
+            if not self._count:
+                self._idle.set()
+
+    async def wait_idle(self) -> None:
+        while self._count:
+            await self._idle.wait()
+
+
 def hypercorn_config(addr: str, *, grace: float) -> Config:
     host, _, port = addr.rpartition(":")
     if not host:
@@ -43,15 +75,17 @@ async def serve_app(
 ) -> None:
     """Serve `app` on `addr` until cancelled; `task_status.started` gets the bound URLs."""
     config = hypercorn_config(addr, grace=grace)
+    in_flight = _InFlight(app)
     shutdown = trio.Event()
-    # The server runs shielded so that our cancellation becomes a graceful shutdown
-    # (shutdown_trigger) instead of cutting in-flight requests at once; its own
-    # deadline, set below, still bounds how long the shutdown may take.
+    # The server runs shielded so that our cancellation becomes a graceful stop
+    # instead of cutting in-flight requests at once; its own deadline, set when
+    # the stop begins, still bounds how long the stop may take.
     server_scope = trio.CancelScope(shield=True)
 
     async def run_server(task_status: trio.TaskStatus[list[str]]) -> None:
         with server_scope:
-            await serve(app, config, shutdown_trigger=shutdown.wait, task_status=task_status)
+            await serve(in_flight, config, shutdown_trigger=shutdown.wait,
+                        task_status=task_status)
 
     async with trio.open_nursery() as nursery:
         bound: list[str] = await nursery.start(run_server)
@@ -60,7 +94,10 @@ async def serve_app(
         try:
             await trio.sleep_forever()
         finally:
-            shutdown.set()
+            shutdown.set()  # Hypercorn stops accepting
             server_scope.deadline = trio.current_time() + grace + _STOP_MARGIN
-
-
+            with trio.CancelScope(shield=True) as wait_scope:
+                wait_scope.deadline = trio.current_time() + grace
+                await in_flight.wait_idle()
+            # What is left are idle keep-alive connections (or requests past the grace).
+            server_scope.cancel()
