@@ -217,12 +217,13 @@ async def run_elected(
 
                 nursery.start_soon(leading)
                 await elector.keep()
-                # Lost: cancel lead() before anything else is written.
+                # Lost: no longer leading from this instant; cancel lead()
+                # before anything else is written.
+                elector.leading = False
+                LEADER.set(0)
                 nursery.cancel_scope.cancel()
             if finished:
                 return
-            elector.leading = False
-            LEADER.set(0)
             log.warning("lost leadership", extra={"lease": f"{namespace}/{name}"})
     finally:
         was_leading = elector.leading

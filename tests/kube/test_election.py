@@ -1,0 +1,178 @@
+"""Lease leader election against the fake API server, with short real durations."""
+
+from __future__ import annotations
+
+import datetime
+import functools
+from typing import Any
+
+import pytest
+import trio
+
+from egressd.kube.client import KubeClient
+from egressd.kube.election import LeaderElector, run_elected
+from egressd.kube.resources import LEASES
+from egressd.metrics import REGISTRY
+from egressd.sandbox.apiserver import FakeApiServer
+
+# Short real durations: HTTP and MockClock do not mix. retry < renew < lease.
+FAST = {"lease_duration": 1.0, "renew_deadline": 0.6, "retry_period": 0.1}
+
+
+def lease_spec(apiserver: FakeApiServer) -> dict[str, Any]:
+    lease = apiserver.get("coordination.k8s.io/v1", "Lease", "egressd", namespace="default")
+    assert lease is not None
+    return dict(lease["spec"])
+
+
+def parse_time(text: str) -> datetime.datetime:
+    return datetime.datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+
+class Candidate:
+    """One replica: `lead()` records when it starts and stops."""
+
+    def __init__(self, client: KubeClient, identity: str, **timings: Any) -> None:
+        self.client = client
+        self.identity = identity
+        self.timings = {**FAST, **timings}
+        self.leading = trio.Event()
+        self.stopped = trio.Event()
+        self.terms = 0
+        self.scope = trio.CancelScope()
+        self.finished = trio.Event()
+
+    async def lead(self) -> None:
+        self.terms += 1
+        self.stopped = trio.Event()
+        self.leading.set()
+        try:
+            await trio.sleep_forever()
+        finally:
+            self.leading = trio.Event()
+            self.stopped.set()
+
+    async def run(self, *, release_on_cancel: bool = True,
+                  task_status: trio.TaskStatus[LeaderElector] = trio.TASK_STATUS_IGNORED,
+                  ) -> None:
+        with self.scope:
+            await run_elected(
+                self.client, name="egressd", namespace="default", identity=self.identity,
+                lead=self.lead, release_on_cancel=release_on_cancel, task_status=task_status,
+                **self.timings)
+        self.finished.set()
+
+
+def leader_metric() -> float | None:
+    return REGISTRY.get_sample_value("egressd_leader")
+
+
+async def test_leads_then_releases_on_cancel(kube_client: KubeClient, apiserver: FakeApiServer,
+                                             nursery: trio.Nursery) -> None:
+    a = Candidate(kube_client, "a")
+    with trio.fail_after(10):
+        elector = await nursery.start(a.run)
+        await a.leading.wait()
+        assert elector.leading
+        assert leader_metric() == 1
+        spec = lease_spec(apiserver)
+        assert spec["holderIdentity"] == "a"
+        assert spec["leaseDurationSeconds"] == 1
+        a.scope.cancel()
+        # The release is written before run_elected returns.
+        await a.finished.wait()
+    released = lease_spec(apiserver)
+    assert released["holderIdentity"] == ""
+    assert released["leaseDurationSeconds"] == 1
+    assert leader_metric() == 0
+
+
+async def test_standby_takes_over_at_once_after_a_release(
+    kube_client: KubeClient, apiserver: FakeApiServer, nursery: trio.Nursery
+) -> None:
+    # A long lease: without the release, b would wait 30 s.
+    a = Candidate(kube_client, "a", lease_duration=30.0, renew_deadline=5.0)
+    b = Candidate(kube_client, "b", lease_duration=30.0, renew_deadline=5.0)
+    with trio.fail_after(10):
+        await nursery.start(a.run)
+        await a.leading.wait()
+        await nursery.start(b.run)
+        a.scope.cancel()
+        await b.leading.wait()
+    spec = lease_spec(apiserver)
+    assert spec["holderIdentity"] == "b"
+    assert spec["leaseTransitions"] >= 1
+
+
+async def test_standby_takes_over_after_the_lease_duration(
+    kube_client: KubeClient, apiserver: FakeApiServer, nursery: trio.Nursery
+) -> None:
+    a = Candidate(kube_client, "a")
+    b = Candidate(kube_client, "b")
+    with trio.fail_after(10):
+        await nursery.start(functools.partial(a.run, release_on_cancel=False))
+        await a.leading.wait()
+        await nursery.start(b.run)
+        a.scope.cancel()  # a crash: no release
+        await a.stopped.wait()
+        last_renewal = parse_time(lease_spec(apiserver)["renewTime"])
+        assert lease_spec(apiserver)["holderIdentity"] == "a"
+        await b.leading.wait()
+    taken = parse_time(lease_spec(apiserver)["acquireTime"])
+    assert lease_spec(apiserver)["holderIdentity"] == "b"
+    # b waited out a's lease on its own clock before taking it.
+    assert (taken - last_renewal).total_seconds() >= FAST["lease_duration"]
+
+
+async def test_losing_the_lease_cancels_lead_and_stops_writing(
+    kube_client: KubeClient, apiserver: FakeApiServer, nursery: trio.Nursery
+) -> None:
+    a = Candidate(kube_client, "a")
+    with trio.fail_after(10):
+        elector = await nursery.start(a.run)
+        await a.leading.wait()
+        lease = await kube_client.get(LEASES, "egressd", namespace="default")
+        lease["spec"].update(holderIdentity="intruder", leaseDurationSeconds=60)
+        taken = await kube_client.replace(LEASES, "egressd", lease, namespace="default")
+        await a.stopped.wait()
+        assert not elector.leading
+        assert leader_metric() == 0
+        # a keeps campaigning but never writes over a valid Lease.
+        await trio.sleep(5 * FAST["retry_period"])
+        now = await kube_client.get(LEASES, "egressd", namespace="default")
+        assert now["metadata"]["resourceVersion"] == taken["metadata"]["resourceVersion"]
+        assert a.terms == 1
+
+
+async def test_failing_renewals_step_down_then_campaign_again(
+    kube_client: KubeClient, apiserver: FakeApiServer, nursery: trio.Nursery
+) -> None:
+    a = Candidate(kube_client, "a")
+    with trio.fail_after(10):
+        await nursery.start(a.run)
+        await a.leading.wait()
+        apiserver.faults.fail_next(10_000, code=500, resource="leases")
+        await a.stopped.wait()  # within the renew deadline
+        apiserver.faults.clear()
+        await a.leading.wait()
+        assert a.terms == 2
+
+
+async def test_lead_returning_releases_and_returns(kube_client: KubeClient,
+                                                   apiserver: FakeApiServer) -> None:
+    ran = []
+
+    async def lead() -> None:
+        ran.append(True)
+
+    with trio.fail_after(10):
+        await run_elected(kube_client, name="egressd", namespace="default", identity="a",
+                          lead=lead, **FAST)
+    assert ran == [True]
+    assert lease_spec(apiserver)["holderIdentity"] == ""
+
+
+def test_timings_must_be_ordered(kube_client: Any = None) -> None:
+    with pytest.raises(ValueError, match="retry_period < renew_deadline < lease_duration"):
+        LeaderElector(None, name="x", namespace="y", identity="z",  # type: ignore[arg-type]
+                      lease_duration=1.0, renew_deadline=2.0, retry_period=0.1)
