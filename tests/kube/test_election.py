@@ -172,7 +172,7 @@ async def test_lead_returning_releases_and_returns(kube_client: KubeClient,
     assert lease_spec(apiserver)["holderIdentity"] == ""
 
 
-def test_timings_must_be_ordered(kube_client: Any = None) -> None:
+def test_timings_must_be_ordered() -> None:
     with pytest.raises(ValueError, match="retry_period < renew_deadline < lease_duration"):
         LeaderElector(None, name="x", namespace="y", identity="z",  # type: ignore[arg-type]
                       lease_duration=1.0, renew_deadline=2.0, retry_period=0.1)
