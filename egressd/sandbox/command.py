@@ -43,12 +43,12 @@ async def serve_api_only(*, ready_file: str | None, workdir: str,
         url = await nursery.start(server.serve)
         kubeconfig = server.write_kubeconfig(os.path.join(workdir, "kubeconfig"))
         ready = {"kubeconfig": kubeconfig, "server": url}
-        print(_guide(kubeconfig, url), flush=True)
         if ready_file:
             # Write then rename: a script polling for the file never reads half of it.
             partial = ready_file + ".tmp"
             write_private(partial, json.dumps(ready) + "\n")
             os.replace(partial, ready_file)
+        print(_guide(kubeconfig, url), flush=True)
         task_status.started(ready)
 
 

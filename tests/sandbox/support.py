@@ -62,10 +62,11 @@ class Watch:
 
 
 @asynccontextmanager
-async def watch(client: httpx.AsyncClient, path: str, **params: Any) -> AsyncIterator[Watch]:
+async def watch(client: httpx.AsyncClient, path: str, *, headers: dict[str, str] | None = None,
+                **params: Any) -> AsyncIterator[Watch]:
     query = {"watch": "true", **{k: str(v).lower() if isinstance(v, bool) else str(v)
                                  for k, v in params.items()}}
-    async with client.stream("GET", path, params=query) as response:
+    async with client.stream("GET", path, params=query, headers=headers) as response:
         assert response.status_code == 200, response.status_code
         yield Watch(response.aiter_lines(), response)
 

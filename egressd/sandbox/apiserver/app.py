@@ -289,7 +289,7 @@ class ApiApp:
     def _render_one(self, target: Target, request: Request, status: int, obj: Obj,
                     warnings: tuple[str, ...] = ()) -> Response:
         accept = request.headers.get("accept", "")
-        headers = tuple(("Warning", f'299 - "{w}"') for w in warnings)
+        headers = tuple(("Warning", _warning(w)) for w in warnings)
         if table.wants(accept, "Table"):
             return _json(status, table.table(target.rt, [self._out(target.rt, obj)],
                                              now=self._now(),
@@ -791,6 +791,12 @@ class ApiApp:
         return _json(200, {"kind": f"{rt.kind}List", "apiVersion": rt.api_version,
                            "metadata": {"resourceVersion": str(self.store.resource_version)},
                            "items": deleted})
+
+
+def _warning(text: str) -> str:
+    """An RFC 7234 warning header value, quoted the way kube-apiserver quotes it."""
+    escaped = text.replace("\\", "\\\\").replace('"', '\\"')
+    return f'299 - "{escaped}"'
 
 
 def _line(kind: str, obj: Obj) -> bytes:
