@@ -251,5 +251,5 @@ async def test_queue_state_machine(mock_clock: trio.testing.MockClock) -> None:
     # moves virtual time itself with clock.jump().
     run_state_machine_as_test(
         lambda: QueueMachine(mock_clock),
-        settings=settings(max_examples=150, stateful_step_count=40, deadline=None),
+        settings=settings(max_examples=100, stateful_step_count=30, deadline=None),
     )
