@@ -6,7 +6,7 @@ import base64
 import hashlib
 import re
 
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from egressd.providers import gc_labels, instance_name, label_value
@@ -65,8 +65,17 @@ def test_label_values_are_valid_for_kubernetes_and_gcp(text: str) -> None:
     assert label_value(value) == value  # idempotent: a label read back maps to itself
 
 
-@given(st.from_regex(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?", fullmatch=True),
-       st.from_regex(r"[a-z0-9]([-a-z0-9.]{0,100}[a-z0-9])?", fullmatch=True))
+_ALNUM = "abcdefghijklmnopqrstuvwxyz0123456789"
+
+
+def dns_name(inner: str, max_inner: int) -> st.SearchStrategy[str]:
+    """Kubernetes-style names: alphanumeric at both ends, `inner` characters between."""
+    return st.builds(lambda a, mid, b: a + mid + b, st.sampled_from(_ALNUM),
+                     st.text(inner, max_size=max_inner), st.sampled_from(_ALNUM))
+
+
+@settings(max_examples=50)
+@given(dns_name(_ALNUM + "-", 61), dns_name(_ALNUM + "-.", 120))
 def test_proxy_label_keeps_short_namespace_and_name(namespace: str, name: str) -> None:
     value = gc_labels(cluster="c", proxy_uid="u", namespace=namespace, name=name)["egressd-proxy"]
     if len(namespace) + 1 + len(name) <= 63:
