@@ -483,7 +483,15 @@ class ApiApp:
         return value == "All"
 
     def _body(self, request: Request, target: Target) -> Obj:
-        body = patch.parse_json(request.body)
+        content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        if content_type in ("application/yaml", "application/x-yaml"):
+            body: Any = patch.parse_apply(request.body)
+        elif content_type in ("", "application/json", "*/*"):
+            body = patch.parse_json(request.body)
+        else:
+            # Protobuf and CBOR are not spoken here (kubectl's imperative `create ns`
+            # sends protobuf): 415 as kube-apiserver answers an unknown body type.
+            raise unsupported_media_type(["application/json", "application/yaml"])
         if not isinstance(body, dict):
             raise bad_request("the body of the request is not a JSON object")
         self._check_body_type(target.rt, body)

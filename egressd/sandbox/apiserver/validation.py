@@ -9,6 +9,7 @@ answers kube-apiserver gives.
 from __future__ import annotations
 
 import importlib
+import json
 import logging
 from collections.abc import Sequence
 from typing import Any, Protocol
@@ -33,14 +34,26 @@ class SchemaLike(Protocol):
                  ) -> Sequence[FieldErrorLike]: ...
 
 
+# Compiling a schema (its CEL rules above all) costs tens of milliseconds; tests
+# build a server per test, so identical CRD specs share one compiled schema.
+_CACHE: dict[str, SchemaLike | None] = {}
+_CACHE_LIMIT = 64
+
+
 def load_schema(crd: dict[str, Any], version: str) -> SchemaLike | None:
     """The CRD version's schema engine, or None when it cannot be built."""
+    key = version + "\0" + json.dumps(crd.get("spec"), sort_keys=True, default=str)
+    if key in _CACHE:
+        return _CACHE[key]
     try:
         module = importlib.import_module("egressd.sandbox.schema")
     except ImportError:
         log.warning("egressd.sandbox.schema is missing: CRD schemas are not enforced")
         return None
     schema: SchemaLike = module.CRDSchema.from_crd(crd, version)
+    if len(_CACHE) >= _CACHE_LIMIT:
+        _CACHE.clear()
+    _CACHE[key] = schema
     return schema
 
 
