@@ -12,7 +12,7 @@ import trustme
 
 from egressd.kube import errors
 from egressd.kube.client import KubeClient, RetryPolicy, open_client
-from egressd.kube.config import load_config
+from egressd.kube.config import load_config, load_incluster_config
 from egressd.kube.resources import PROXIES, SECRETS, Resource
 from egressd.kube.watch import ADDED, BOOKMARK, DELETED, MODIFIED
 from egressd.sandbox.apiserver import FakeApiServer
@@ -290,3 +290,22 @@ def test_error_mapping(status: int, reason: str, cls: type[errors.ApiError]) -> 
     assert (err.status, err.reason, err.message) == (status, reason, "m")
     if isinstance(err, errors.TooManyRequests):
         assert err.retry_after == 3.0
+
+
+async def test_incluster_config_follows_a_rotated_token_file(apiserver: FakeApiServer,
+                                                             tmp_path: Path) -> None:
+    token_file = tmp_path / "token"
+    token_file.write_text(apiserver.token)
+    host, _, port = apiserver.url.removeprefix("https://").rpartition(":")
+    cfg = await load_incluster_config(
+        environ={"KUBERNETES_SERVICE_HOST": host, "KUBERNETES_SERVICE_PORT": port},
+        token_file=str(token_file), ca_file=apiserver.ca_file, namespace_file=None)
+    with trio.fail_after(10):
+        async with open_client(cfg, retry=FAST_RETRY) as client:
+            await client.list(SECRETS)
+            # The kubelet rotates the projected token: the old one is refused now.
+            token_file.write_text(apiserver.faults.rotate_token())
+            created = await client.create(SECRETS, secret("after-rotation"),
+                                          namespace="default")
+            assert created["metadata"]["name"] == "after-rotation"
+            assert cfg.credentials.generation == 1
