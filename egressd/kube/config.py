@@ -88,9 +88,16 @@ class Credentials:
             now = trio.current_time()
             if self._fetched_at is None or now - self._fetched_at >= self._refresh_interval:
                 cfg = self._configuration
-                raw = await trio.to_thread.run_sync(
-                    cfg.get_api_key_with_prefix, "BearerToken", limiter=self._limiter)
-                self._header = _normalize_auth(raw)
+                try:
+                    raw = await trio.to_thread.run_sync(
+                        cfg.get_api_key_with_prefix, "BearerToken", limiter=self._limiter)
+                except Exception as exc:
+                    # A token file caught mid-rotation or a failing exec plugin:
+                    # keep the last token; a 401 will force a full reload.
+                    log.warning("refreshing Kubernetes credentials failed",
+                                extra={"error": repr(exc)})
+                else:
+                    self._header = _normalize_auth(raw)
                 self._fetched_at = trio.current_time()
             return self._header
 
@@ -106,9 +113,11 @@ class Credentials:
                     cfg = await trio.to_thread.run_sync(self._load, limiter=self._limiter)
                     raw = await trio.to_thread.run_sync(
                         cfg.get_api_key_with_prefix, "BearerToken", limiter=self._limiter)
-                except ConfigError as exc:
+                except Exception as exc:
+                    # ConfigError from the loader, or whatever its refresh hook
+                    # raises: the caller sees the 401 it already has.
                     log.warning("reloading Kubernetes credentials failed",
-                                extra={"error": str(exc)})
+                                extra={"error": repr(exc)})
                     return self._header
                 self._configuration = cfg
                 self._header = _normalize_auth(raw)

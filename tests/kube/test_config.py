@@ -189,6 +189,11 @@ async def test_incluster_config_and_rotated_token(ca: trustme.CA, tmp_path: Path
     token_file.write_text("second-token")
     header = await cfg.credentials.reload(seen_generation=cfg.credentials.generation)
     assert header == "Bearer second-token"
+    # Caught mid-rotation (no file): the last token stays in use, nothing raises.
+    token_file.unlink()
+    generation = cfg.credentials.generation
+    assert await cfg.credentials.reload(seen_generation=generation) == "Bearer second-token"
+    assert cfg.credentials.generation == generation
 
 
 async def test_incluster_chosen_without_kubeconfig(ca: trustme.CA, tmp_path: Path) -> None:
