@@ -99,6 +99,10 @@ class MemoryLeaseStore:
             clock=clock,
         )
 
+    def now(self) -> float:
+        """The store's wall clock, in seconds since the epoch."""
+        return self._clock()
+
     # --- LeaseStore -----------------------------------------------------------------
 
     async def acquire(
@@ -198,8 +202,11 @@ class MemoryLeaseStore:
         else:
             duration = self._cooldown
         scope = target or rec.lease.target or GLOBAL
+        # Whole seconds (rounded up): the RFC 3339 copy in status.cooldowns then reads
+        # back as exactly this value, and a cooldown is never cut short by rounding.
+        until = float(math.ceil(now + duration))
         return self._set_cooldown(
-            Cooldown(key=rec.lease.key, target=scope, until=now + duration, reason=result)
+            Cooldown(key=rec.lease.key, target=scope, until=until, reason=result)
         )
 
     def usage_now(self, keys: Iterable[str]) -> dict[str, Usage]:

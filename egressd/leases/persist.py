@@ -1,0 +1,237 @@
+"""Cooldowns that survive a restart and reach every replica (SPEC §7).
+
+`PersistentLeaseStore` wraps the in-memory store: every report that starts a
+cooldown is also written to the Proxy's `status.cooldowns` with one merge
+patch (`{"status": {"cooldowns": {"<target or *>": {until, reason}}}}`), which
+also sets the proxy's expired entries to null (pruning). Every Proxy the
+informer delivers (the initial list included) is read back into the store, so
+a restarted replica, or a second one, enforces the same cooldowns.
+
+Writes happen in a background task fed by a queue, not in the request: a
+report answers at once (the cooldown is already in force in memory) and a slow
+or failing API server cannot stall clients. If a write fails for good the
+cooldown still holds on this replica until it ends; only a restart in that
+window would lose it, which is logged.
+
+Active leases are not persisted: after a restart their ids answer as unknown
+and their capacity frees within one TTL (SPEC §7).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Protocol
+
+import attrs
+import trio
+
+from egressd.kube.errors import ApiError, ApiUnavailable, NotFound
+from egressd.kube.resources import PROXIES, Resource, object_key
+from egressd.leases.interface import (
+    GLOBAL,
+    Candidate,
+    Cooldown,
+    Grant,
+    Refusal,
+    Result,
+    Usage,
+)
+from egressd.leases.store import MemoryLeaseStore
+from egressd.model.constants import GLOBAL_COOLDOWN_KEY
+from egressd.model.convert import ModelError, format_time, parse_proxy
+
+log = logging.getLogger(__name__)
+
+QUEUE_SIZE = 4096
+"""Cooldown writes waiting at most; beyond that a write is dropped (and logged)."""
+
+RawObject = dict[str, Any]
+
+
+# Structural views of egressd.kube's KubeClient and Informer: this layer may not import
+# httpx, even indirectly (import-linter), and needs only these two calls of them.
+class StatusPatcher(Protocol):
+    async def patch_status(
+        self, res: Resource, name: str, patch: dict[str, Any], *, namespace: str | None = None
+    ) -> dict[str, Any]: ...
+
+
+class ProxyEvents(Protocol):
+    def add_handler(
+        self,
+        *,
+        on_add: Callable[[RawObject], None] | None = None,
+        on_update: Callable[[RawObject, RawObject], None] | None = None,
+        on_delete: Callable[[RawObject], None] | None = None,
+    ) -> None: ...
+
+
+def wire_key(target: str) -> str:
+    return target or GLOBAL_COOLDOWN_KEY
+
+
+def store_target(key: str) -> str:
+    return GLOBAL if key == GLOBAL_COOLDOWN_KEY else key
+
+
+def _wall(value: dt.datetime) -> float:
+    return value.timestamp()
+
+
+def _timestamp(wall: float) -> str:
+    return format_time(dt.datetime.fromtimestamp(wall, tz=dt.UTC))
+
+
+@attrs.frozen
+class _Write:
+    """One queued status patch for one proxy: a new cooldown, or only a prune."""
+
+    key: str
+    cooldown: Cooldown | None
+
+
+def cooldowns_in(obj: RawObject) -> dict[str, Cooldown]:
+    """The cooldowns recorded in a raw Proxy's status, by store target ("" = global).
+
+    A reason other than ours (a cooldown written by hand) is honoured as a ban.
+    Raises ModelError if the object does not parse.
+    """
+    proxy = parse_proxy(obj)
+    out: dict[str, Cooldown] = {}
+    for key, entry in proxy.status.cooldowns.items():
+        try:
+            reason = Result(entry.reason)
+        except ValueError:
+            reason = Result.BANNED
+        target = store_target(key)
+        out[target] = Cooldown(key=proxy.key, target=target, until=_wall(entry.until),
+                               reason=reason)
+    return out
+
+
+def cooldown_patch(
+    new: Cooldown | None, recorded: Iterable[Cooldown], *, now: float
+) -> dict[str, Any] | None:
+    """The merge patch that adds `new` and nulls every recorded entry that has ended.
+
+    None when there is nothing to write.
+    """
+    entries: dict[str, Any] = {
+        wire_key(cd.target): None for cd in recorded if cd.until <= now
+    }
+    if new is not None:
+        entries[wire_key(new.target)] = {
+            "until": _timestamp(new.until), "reason": new.reason.value}
+    if not entries:
+        return None
+    return {"status": {"cooldowns": entries}}
+
+
+class PersistentLeaseStore:
+    """A `LeaseStore` whose cooldowns live in `status.cooldowns` too.
+
+    `lookup(key)` returns the cached raw Proxy (the informer's `get`), used to
+    find entries to prune without a GET per write.
+    """
+
+    def __init__(
+        self,
+        store: MemoryLeaseStore,
+        *,
+        client: StatusPatcher,
+        lookup: Callable[[str], RawObject | None],
+    ) -> None:
+        self.store = store
+        self._client = client
+        self._lookup = lookup
+        self._send, self._receive = trio.open_memory_channel[_Write](QUEUE_SIZE)
+        self._prune_pending: set[str] = set()
+
+    # --- LeaseStore -----------------------------------------------------------------
+
+    async def acquire(
+        self, candidates: Iterable[Candidate], *, target: str, ttl: float
+    ) -> Grant | Refusal:
+        return await self.store.acquire(candidates, target=target, ttl=ttl)
+
+    async def release(self, lease_id: str) -> None:
+        await self.store.release(lease_id)
+
+    async def report(
+        self,
+        lease_id: str,
+        *,
+        result: Result,
+        target: str | None = None,
+        retry_after: float | None = None,
+    ) -> Cooldown | None:
+        cooldown = await self.store.report(
+            lease_id, result=result, target=target, retry_after=retry_after)
+        if cooldown is not None:
+            self._enqueue(_Write(key=cooldown.key, cooldown=cooldown))
+        return cooldown
+
+    async def usage(self, keys: Iterable[str]) -> Mapping[str, Usage]:
+        return await self.store.usage(keys)
+
+    # --- reading back ---------------------------------------------------------------
+
+    def load(self, obj: RawObject) -> None:
+        """Adopt the cooldowns of one Proxy; queue a prune if some have ended."""
+        try:
+            recorded = cooldowns_in(obj)
+        except ModelError as exc:
+            log.warning("cannot read cooldowns", extra={"proxy": object_key(obj),
+                                                        "error": str(exc)})
+            return
+        self.store.merge_cooldowns(recorded.values())
+        now = self.store.now()
+        key = object_key(obj)
+        if any(cd.until <= now for cd in recorded.values()) and key not in self._prune_pending:
+            self._prune_pending.add(key)
+            self._enqueue(_Write(key=key, cooldown=None))
+
+    def attach(self, informer: ProxyEvents) -> None:
+        """Load every cached Proxy now and every one the informer delivers later."""
+        informer.add_handler(on_add=self.load, on_update=lambda _old, new: self.load(new))
+
+    # --- writing --------------------------------------------------------------------
+
+    def _enqueue(self, write: _Write) -> None:
+        try:
+            self._send.send_nowait(write)
+        except trio.WouldBlock:
+            log.error("cooldown write queue full; cooldown kept in memory only",
+                      extra={"proxy": write.key})
+            self._prune_pending.discard(write.key)
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Write queued cooldowns, one merge patch each, until cancelled."""
+        task_status.started()
+        async for write in self._receive:
+            if write.cooldown is None:
+                self._prune_pending.discard(write.key)
+            await self._write(write)
+
+    async def _write(self, write: _Write) -> None:
+        cached = self._lookup(write.key)
+        recorded: Iterable[Cooldown] = ()
+        if cached is not None:
+            try:
+                recorded = cooldowns_in(cached).values()
+            except ModelError:
+                recorded = ()
+        patch = cooldown_patch(write.cooldown, recorded, now=self.store.now())
+        if patch is None:
+            return
+        namespace, _, name = write.key.rpartition("/")
+        try:
+            await self._client.patch_status(PROXIES, name, patch, namespace=namespace)
+        except NotFound:
+            pass  # the Proxy is gone, and its cooldowns with it
+        except (ApiError, ApiUnavailable) as exc:
+            # The client already retried what is worth retrying.
+            log.warning("cooldown not persisted; it holds on this replica only",
+                        extra={"proxy": write.key, "error": str(exc)})

@@ -1,0 +1,163 @@
+"""Cooldowns persisted to status.cooldowns, through the fake API server (SPEC §7, item 2).
+
+Each "replica" is an Informer on Proxies plus a fresh in-memory store wrapped in
+a PersistentLeaseStore, exactly as the daemon composes them. The stores' wall
+clock is trio's clock plus an offset the tests move to make cooldowns end
+(the API server and its watches keep running on real time).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import trio
+
+from egressd.kube.client import KubeClient
+from egressd.kube.informer import Informer
+from egressd.kube.resources import PROXIES
+from egressd.leases import Candidate, Grant, Refusal, Result
+from egressd.leases.persist import PersistentLeaseStore
+from egressd.leases.store import MemoryLeaseStore
+from egressd.model.convert import parse_time
+from egressd.sandbox.apiserver import FakeApiServer
+
+EPOCH = 1_800_000_000.0
+
+
+class Wall:
+    """EPOCH + trio time + a jump the test controls."""
+
+    def __init__(self) -> None:
+        self.offset = 0.0
+
+    def __call__(self) -> float:
+        return EPOCH + self.offset + trio.current_time()
+
+
+def proxy(name: str) -> dict[str, Any]:
+    return {"apiVersion": "crawl.example.com/v1alpha1", "kind": "Proxy",
+            "metadata": {"name": name, "namespace": "default"},
+            "spec": {"mode": "External", "endpoint": {"host": "10.1.2.3"}}}
+
+
+class Watcher:
+    """Wait until an informer's cached object satisfies a predicate (event driven)."""
+
+    def __init__(self, informer: Informer) -> None:
+        self._informer = informer
+        self._changed = trio.Event()
+        self.history: list[tuple[str, dict[str, Any]]] = []
+        informer.add_handler(on_add=self._poke, on_update=lambda _old, new: self._poke(new))
+
+    def _poke(self, obj: dict[str, Any]) -> None:
+        key = f"{obj['metadata']['namespace']}/{obj['metadata']['name']}"
+        self.history.append((key, self.cooldowns(key)))
+        self._changed.set()
+        self._changed = trio.Event()
+
+    def cooldowns(self, key: str) -> dict[str, Any]:
+        obj = self._informer.get(key) or {}
+        return dict((obj.get("status") or {}).get("cooldowns") or {})
+
+    async def until(self, key: str, predicate: Callable[[dict[str, Any]], bool]) -> None:
+        while not predicate(self.cooldowns(key)):
+            await self._changed.wait()
+
+
+@asynccontextmanager
+async def replica(client: KubeClient, wall: Wall) -> AsyncIterator[
+        tuple[PersistentLeaseStore, Watcher]]:
+    informer = Informer(PROXIES, relist_backoff=(0.05, 0.2))
+    store = PersistentLeaseStore(
+        MemoryLeaseStore(cooldown=600, ban_cooldown=3600, max_cooldown=3600, clock=wall),
+        client=client, lookup=informer.get)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(informer.run, client)
+        watcher = Watcher(informer)
+        store.attach(informer)
+        await nursery.start(store.run)
+        yield store, watcher
+        nursery.cancel_scope.cancel()
+
+
+async def lease(store: PersistentLeaseStore, key: str, target: str = "") -> str:
+    outcome = await store.acquire([Candidate(key=key, max_leases=10)], target=target, ttl=60)
+    assert isinstance(outcome, Grant), outcome
+    return outcome.lease.id
+
+
+async def test_report_restart_cooldown_still_holds(
+    kube_client: KubeClient, apiserver: FakeApiServer,
+) -> None:
+    apiserver.create(proxy("a"))
+    wall = Wall()
+    with trio.fail_after(20):
+        async with replica(kube_client, wall) as (first, seen):
+            cd_target = await first.report(
+                await lease(first, "default/a", "shop.example"), result=Result.RATE_LIMITED)
+            cd_global = await first.report(
+                await lease(first, "default/a"), result=Result.BANNED)
+            assert cd_target is not None and cd_global is not None
+            await seen.until("default/a", lambda c: set(c) == {"shop.example", "*"})
+        stored = (await kube_client.get(PROXIES, "a", namespace="default"))["status"]["cooldowns"]
+        assert stored["shop.example"]["reason"] == "rate_limited"
+        assert stored["*"]["reason"] == "banned"
+        assert parse_time(stored["*"]["until"]).timestamp() == cd_global.until
+
+        # A restart: a fresh informer and an empty store.
+        async with replica(kube_client, wall) as (second, _):
+            restored = second.store.cooldowns("default/a")
+            assert restored[""] == cd_global
+            assert restored["shop.example"] == cd_target
+            for target in ("", "shop.example", "other.example"):
+                refused = await second.acquire(
+                    [Candidate(key="default/a", max_leases=10)], target=target, ttl=60)
+                assert isinstance(refused, Refusal) and refused.in_cooldown == 1
+
+
+async def test_second_replica_sees_reports_and_reports_never_overwrite(
+    kube_client: KubeClient, apiserver: FakeApiServer,
+) -> None:
+    apiserver.create(proxy("a"))
+    wall = Wall()
+    with trio.fail_after(20):
+        async with replica(kube_client, wall) as (one, _), \
+                replica(kube_client, wall) as (two, seen_by_two):
+            await one.report(await lease(one, "default/a", "x.example"),
+                             result=Result.RATE_LIMITED, retry_after=30)
+            await two.report(await lease(two, "default/a", "y.example"),
+                             result=Result.BANNED)
+            await seen_by_two.until("default/a", lambda c: set(c) == {"x.example", "y.example"})
+            assert set(two.store.cooldowns("default/a")) == {"x.example", "y.example"}
+            refused = await two.acquire(
+                [Candidate(key="default/a", max_leases=10)], target="x.example", ttl=60)
+            assert isinstance(refused, Refusal) and refused.in_cooldown == 1
+
+
+async def test_expired_entries_are_pruned(
+    kube_client: KubeClient, apiserver: FakeApiServer,
+) -> None:
+    apiserver.create(proxy("a"))
+    apiserver.create(proxy("b"))
+    wall = Wall()
+    with trio.fail_after(20):
+        async with replica(kube_client, wall) as (store, seen):
+            await store.report(await lease(store, "default/a", "old.example"),
+                               result=Result.RATE_LIMITED, retry_after=30)
+            await seen.until("default/a", lambda c: "old.example" in c)
+            wall.offset += 31
+            # The next report's patch sets the ended entry to null.
+            await store.report(await lease(store, "default/a", "new.example"),
+                               result=Result.BANNED)
+            await seen.until("default/a", lambda c: set(c) == {"new.example"})
+
+            # An ended entry arriving from elsewhere (an old replica) is pruned on sight,
+            # and never enforced.
+            ended = {"until": "2020-01-01T00:00:00Z", "reason": "banned"}
+            await kube_client.patch_status(
+                PROXIES, "b", {"status": {"cooldowns": {"*": ended}}}, namespace="default")
+            await seen.until("default/b", lambda c: c == {} and ("default/b", {"*": ended})
+                             in seen.history)
+            assert store.store.cooldowns("default/b") == {}
