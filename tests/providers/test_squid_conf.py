@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import trio
+import yaml
 
 from egressd.providers import CreateRequest
 from egressd.providers.config import KubernetesConfig
@@ -155,3 +156,27 @@ async def test_real_squid_refuses_other_sources() -> None:
                     b"GET http://127.0.0.1:9/ HTTP/1.1\r\nHost: 127.0.0.1:9\r\n"
                     b"Connection: close\r\n\r\n"))
     assert answer.startswith(b"HTTP/1.1 403"), answer
+
+
+def test_the_docs_cloud_init_installs_a_squid_that_is_not_open(tmp_path: Path) -> None:
+    """docs/providers.md's example: valid cloud-config whose squid.conf parses and
+    serves only the listed sources."""
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "providers.md").read_text()
+    block = next(b.split("\n", 1)[1] for b in doc.split("```yaml")[1:]
+                 if b.split("\n", 1)[1].startswith("#cloud-config\npackage_update"))
+    cloud_config = yaml.safe_load(block.split("```")[0])
+    assert "squid" in cloud_config["packages"]
+    (conf_file,) = [f for f in cloud_config["write_files"] if f["path"] == "/etc/squid/squid.conf"]
+    text = conf_file["content"]
+    lines = [line.strip() for line in text.splitlines() if not line.strip().startswith("#")]
+    assert "http_access deny all" in lines
+    assert [line for line in lines if line.startswith("http_access allow")] == [
+        "http_access allow egressd_clients"]
+    assert "0.0.0.0/0" not in text
+    conf = tmp_path / "squid.conf"
+    conf.write_text(text)
+    result = subprocess.run(["squid", "-k", "parse", "-f", str(conf)],
+                            capture_output=True, text=True, timeout=30)
+    assert result.returncode == 0, result.stderr
+    assert "FATAL" not in result.stderr
