@@ -1,17 +1,23 @@
 """Where the HTTP layer reads proxies from: the `ProxySource` protocol.
 
-The informer's cache satisfies it in the daemon; tests use a small in-memory
-stand-in. The API never lists from the Kubernetes API per request.
+`InformerProxySource` adapts the Proxy informer to it in the daemon; tests
+use a small in-memory stand-in. The API never lists from the Kubernetes API per request.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
-from typing import Protocol
+from typing import Any, Protocol
 
 import trio
 
+from egressd.kube.informer import Informer
+from egressd.kube.resources import object_key
+from egressd.model.convert import ModelError, parse_proxy
 from egressd.model.proxy import Proxy
+
+log = logging.getLogger(__name__)
 
 
 class ProxySource(Protocol):
@@ -29,3 +35,40 @@ class ProxySource(Protocol):
     def get(self, key: str) -> Proxy | None:
         """The Proxy with key "namespace/name", or None."""
         ...
+
+
+class InformerProxySource:
+    """A ProxySource over the Proxy informer: each object is parsed once, on its event.
+
+    Requests then read ready `Proxy` values instead of parsing raw dicts per
+    request. An object that does not parse is left out (and logged), never served
+    half-read.
+    """
+
+    def __init__(self, informer: Informer) -> None:
+        self._informer = informer
+        self._proxies: dict[str, Proxy] = {}
+        informer.add_handler(
+            on_add=self._put, on_update=lambda _old, new: self._put(new), on_delete=self._drop)
+
+    @property
+    def synced(self) -> trio.Event:
+        return self._informer.synced
+
+    def proxies(self) -> Iterable[Proxy]:
+        return self._proxies.values()
+
+    def get(self, key: str) -> Proxy | None:
+        return self._proxies.get(key)
+
+    def _put(self, obj: dict[str, Any]) -> None:
+        key = object_key(obj)
+        try:
+            self._proxies[key] = parse_proxy(obj)
+        except ModelError as exc:
+            self._proxies.pop(key, None)
+            log.warning("ignoring a Proxy that does not parse",
+                        extra={"proxy": key, "error": str(exc)})
+
+    def _drop(self, obj: dict[str, Any]) -> None:
+        self._proxies.pop(object_key(obj), None)
