@@ -140,11 +140,11 @@ class KubeClient:
                 if retry and replayable and attempt < self._retry.attempts:
                     delay = self._retry.delay(attempt)
                     log.info("API unreachable, retrying",
-                             extra={"method": method, "path": path, "error": repr(exc),
+                             extra={"method": method, "path": path, "error": describe(exc),
                                     "delay": round(delay, 3)})
                     await trio.sleep(delay)
                     continue
-                raise ApiUnavailable(f"{method} {path}: {exc!r}") from exc
+                raise ApiUnavailable(f"{method} {path}: {describe(exc)}") from exc
             if response.status_code < 400:
                 return response
             data = await response.aread()
@@ -311,6 +311,17 @@ class KubeClient:
                 answer.get("metadata") or {}).get("deletionTimestamp"):
             return None
         return _typed(answer, res)
+
+
+def describe(exc: BaseException) -> str:
+    """An httpx error with its causes: httpx often wraps a TLS or socket error in an empty one."""
+    parts: list[str] = []
+    seen: BaseException | None = exc
+    while seen is not None and len(parts) < 4:
+        text = str(seen)
+        parts.append(f"{type(seen).__name__}: {text}" if text else type(seen).__name__)
+        seen = seen.__cause__ or seen.__context__
+    return " <- ".join(parts)
 
 
 def _selectors(label_selector: str | None, field_selector: str | None) -> dict[str, str]:

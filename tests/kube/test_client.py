@@ -309,3 +309,21 @@ async def test_incluster_config_follows_a_rotated_token_file(apiserver: FakeApiS
                                           namespace="default")
             assert created["metadata"]["name"] == "after-rotation"
             assert cfg.credentials.generation == 1
+
+
+@pytest.mark.parametrize(("name", "ok"), [("localhost", True), ("wrong.example", False)])
+async def test_tls_server_name_is_what_gets_verified(apiserver: FakeApiServer, tmp_path: Path,
+                                                     name: str, ok: bool) -> None:
+    path = write_kubeconfig(tmp_path / "config", server=apiserver.url, ca_pem=apiserver.ca_pem,
+                            user={"token": apiserver.token})
+    text = path.read_text().replace("server:", f"tls-server-name: {name}\n    server:")
+    path.write_text(text)
+    cfg = await load_config(kubeconfig=str(path), context=None)
+    assert cfg.tls_server_name == name
+    with trio.fail_after(10):
+        async with open_client(cfg, retry=RetryPolicy(attempts=1)) as client:
+            if ok:
+                await client.list(SECRETS)
+            else:
+                with pytest.raises(errors.ApiUnavailable, match="certificate"):
+                    await client.list(SECRETS)
