@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -21,8 +22,8 @@ JSON_PATCH = {"Content-Type": "application/json-patch+json"}
 STRATEGIC = {"Content-Type": "application/strategic-merge-patch+json"}
 APPLY = {"Content-Type": "application/apply-patch+yaml"}
 
-# httpx nests async generators (aiter_lines > aiter_text > ... > httpcore); leaving a
-# watch early closes the outer one only and trio warns about the inner ones.
+# A test that leaves an httpx stream early without `watch()` can silence trio's
+# warning about httpx's nested, unfinished async generators with this filter.
 HTTPX_ASYNCGEN_WARNING = "ignore:Async generator 'http:ResourceWarning"
 
 
@@ -66,9 +67,16 @@ async def watch(client: httpx.AsyncClient, path: str, *, headers: dict[str, str]
                 **params: Any) -> AsyncIterator[Watch]:
     query = {"watch": "true", **{k: str(v).lower() if isinstance(v, bool) else str(v)
                                  for k, v in params.items()}}
+    lines: AsyncIterator[str] | None = None
     async with client.stream("GET", path, params=query, headers=headers) as response:
         assert response.status_code == 200, response.status_code
-        yield Watch(response.aiter_lines(), response)
+        lines = response.aiter_lines()
+        yield Watch(lines, response)
+    # httpx nests async generators under aiter_lines; leaving a watch early would leave
+    # the inner ones unfinished (a ResourceWarning). One read after closing ends them all.
+    with contextlib.suppress(httpx.StreamClosed, httpx.StreamError, StopAsyncIteration,
+                             httpx.TransportError):
+        await lines.__anext__()
 
 
 async def created(client: httpx.AsyncClient, path: str, body: dict[str, Any]) -> dict[str, Any]:

@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import httpx
-import pytest
 import trio
 
 from egressd.sandbox.apiserver import FakeApiServer
 from tests.fixtures.apiserver import make_client
 from tests.sandbox.support import (
     ALL_PROXIES,
-    HTTPX_ASYNCGEN_WARNING,
     MERGE,
     PODS,
     PROXIES,
@@ -20,8 +18,6 @@ from tests.sandbox.support import (
     proxy,
     watch,
 )
-
-pytestmark = pytest.mark.filterwarnings(HTTPX_ASYNCGEN_WARNING)
 
 
 async def test_create_get_list_and_metadata(apiserver: FakeApiServer,

@@ -11,9 +11,8 @@ import trio
 from egressd.sandbox.apiserver import FakeApiServer
 from egressd.sandbox.apiserver.table import human_duration
 from tests.fixtures.apiserver import make_client
-from tests.sandbox.support import ALL_PROXIES, HTTPX_ASYNCGEN_WARNING, MERGE, PROXIES, proxy, watch
+from tests.sandbox.support import ALL_PROXIES, MERGE, PROXIES, proxy, watch
 
-pytestmark = pytest.mark.filterwarnings(HTTPX_ASYNCGEN_WARNING)
 TABLE = {"Accept": "application/json;as=Table;v=v1;g=meta.k8s.io,application/json"}
 
 

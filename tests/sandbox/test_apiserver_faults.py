@@ -10,15 +10,12 @@ from egressd.sandbox.apiserver import FakeApiServer
 from tests.fixtures.apiserver import make_client
 from tests.sandbox.support import (
     ALL_PROXIES,
-    HTTPX_ASYNCGEN_WARNING,
     PODS,
     PROXIES,
     created,
     proxy,
     watch,
 )
-
-pytestmark = pytest.mark.filterwarnings(HTTPX_ASYNCGEN_WARNING)
 
 
 @pytest.mark.parametrize(("code", "reason"), [(409, "Conflict"), (410, "Expired"),

@@ -9,7 +9,6 @@ import trio
 from egressd.sandbox.apiserver import FakeApiServer
 from tests.sandbox.support import (
     ALL_PROXIES,
-    HTTPX_ASYNCGEN_WARNING,
     LEASES,
     MERGE,
     PROXIES,
@@ -19,7 +18,6 @@ from tests.sandbox.support import (
     watch,
 )
 
-pytestmark = pytest.mark.filterwarnings(HTTPX_ASYNCGEN_WARNING)
 FINALIZER = "crawl.example.com/instance-cleanup"
 
 

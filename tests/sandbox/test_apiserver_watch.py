@@ -11,15 +11,12 @@ from tests.fixtures.apiserver import make_client
 from tests.sandbox.support import (
     ALL_PROXIES,
     EVENTS,
-    HTTPX_ASYNCGEN_WARNING,
     MERGE,
     PROXIES,
     created,
     proxy,
     watch,
 )
-
-pytestmark = pytest.mark.filterwarnings(HTTPX_ASYNCGEN_WARNING)
 
 
 async def test_watch_without_version_starts_with_the_current_objects(
