@@ -87,8 +87,9 @@ def create_discovery_app(
             await _body(), default_ttl=default_ttl, max_ttl=max_ttl)
         considered = 0
         by_key: dict[str, Proxy] = {}
+        selector = req.selector
         for proxy in source.proxies():
-            if not matches(proxy, req.selector):
+            if selector and not matches(proxy, selector):
                 continue
             considered += 1
             if leasable(proxy):

@@ -142,9 +142,10 @@ class MemoryLeaseStore:
         considered = at_capacity = in_cooldown = 0
         best: Candidate | None = None
         best_rank: tuple[int, bool, float, str] | None = None
+        cooling = bool(self._cooldowns)  # most acquires meet no cooldown at all
         for cand in candidates:
             considered += 1
-            if self._cooling(cand.key, target, now):
+            if cooling and self._cooling(cand.key, target, now):
                 in_cooldown += 1
                 continue
             active = self._active.get(cand.key, 0)
