@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from jsonpath_ng.exceptions import JsonPathLexerError, JsonPathParserError
-from jsonpath_ng.ext import parse as jsonpath_parse
+from jsonpath_ng.ext.parser import parse as jsonpath_parse
 
 from egressd.sandbox.apiserver.resources import ResourceType
 
