@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 from egressd import __version__
 from egressd.errors import ConfigError
+from egressd.providers.config import ProvidersConfigError
 from egressd.settings import add_flags, settings_from
 
 
@@ -46,7 +47,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _check_config(path: str) -> int:
-    from egressd.providers.config import ProvidersConfigError, load_providers_config
+    from egressd.providers.config import load_providers_config
 
     try:
         load_providers_config(path)
@@ -74,12 +75,19 @@ def main(argv: Sequence[str] | None = None) -> int:
                 log_level=args.log_level)
             return code
         if args.command == "run":
+            from egressd.app import load_inputs
+
             try:
-                settings_from(args, os.environ)
+                settings = settings_from(args, os.environ)
             except ValueError as exc:
                 raise ConfigError(str(exc)) from None
+            load_inputs(settings, os.environ)
             print("egressd run: the daemon is not built yet", file=sys.stderr)
             return 1
+    except ProvidersConfigError as exc:
+        for problem in exc.problems:
+            print(f"egressd: error: {problem}", file=sys.stderr)
+        return 2
     except ConfigError as exc:
         print(f"egressd: error: {exc}", file=sys.stderr)
         return 2

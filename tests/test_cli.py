@@ -1,5 +1,6 @@
 """The `egressd` command as a user runs it: exit codes and one-line errors."""
 
+import pathlib
 import subprocess
 import sys
 
@@ -54,3 +55,38 @@ def test_bad_environment_value_exits_2_naming_the_variable() -> None:
     assert out.returncode == 2
     assert out.stderr.startswith("egressd: error: EGRESSD_WORKERS:")
     assert "Traceback" not in out.stderr
+
+
+@pytest.mark.parametrize(
+    ("flag", "content", "needle"),
+    [
+        ("--discovery-token-file", None, "--discovery-token-file {path}: No such file"),
+        ("--discovery-token-file", "\n", "--discovery-token-file {path}: file is empty"),
+        ("--probe-ca-file", None, "--probe-ca-file {path}: "),
+        ("--probe-ca-file", "not a certificate", "--probe-ca-file {path}: "),
+        ("--kubeconfig", None, "--kubeconfig {path}: No such file"),
+        ("--providers-config", None, "--providers-config {path}: cannot read file"),
+        ("--providers-config", "providers:\n  - name: a\n    type: nope\n",
+         "--providers-config {path}: providers[0].type: "),
+    ],
+)
+def test_run_stops_at_start_on_a_bad_file(
+    tmp_path: pathlib.Path, flag: str, content: str | None, needle: str
+) -> None:
+    path = tmp_path / "input"
+    if content is not None:
+        path.write_text(content)
+    out = egressd("run", flag, str(path), env={"PATH": "/usr/bin:/bin"})
+    assert out.returncode == 2, out.stderr
+    assert needle.format(path=path) in out.stderr
+    assert "Traceback" not in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1
+
+
+def test_run_with_good_inputs_gets_past_the_checks(tmp_path: pathlib.Path) -> None:
+    token = tmp_path / "token"
+    token.write_text("s3cret\n")
+    out = egressd("run", "--discovery-token-file", str(token), env={"PATH": "/usr/bin:/bin"})
+    assert out.returncode == 1
+    assert "not built yet" in out.stderr
+    assert "s3cret" not in out.stderr
