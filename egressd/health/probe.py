@@ -14,7 +14,7 @@ transport per probe; the difference is Python inside httpx/httpcore (issue 7).
 Failures are values, never exceptions: every library error is mapped here,
 once, to a `ProbeResult` with a short reason ("connect refused",
 "CONNECT refused: 403", "TLS error: ...", "timeout ...",
-"unexpected status 503", "bad probe URL: ...").
+"connection closed ...", "unexpected status 503", "bad probe URL: ...").
 """
 
 from __future__ import annotations
@@ -40,6 +40,8 @@ _RECEIVE_SIZE: Final = 16384
 # Distinct URLs kept parsed; a fleet uses a handful of probe URLs, so this
 # only bounds memory against a pathological spread of URLs.
 _URL_CACHE_SIZE: Final = 4096
+
+_VISIBLE_ASCII: Final = "".join(map(chr, range(0x21, 0x7F)))
 
 
 @attrs.frozen(kw_only=True)
@@ -80,6 +82,9 @@ class ProbeURL:
     authority: str  # host:port, IPv6 bracketed: the CONNECT target
     host_header: str  # host[:port] as the Host header carries it
     target: str  # request-target of the GET: origin-form (https) or absolute (http)
+    # Built (and so validated by h11) once per URL, not once per probe.
+    connect_request: h11.Request | None = attrs.field(eq=False)  # https only
+    get_request: h11.Request = attrs.field(eq=False)
 
 
 class BadProbeURL(ValueError):
@@ -88,6 +93,10 @@ class BadProbeURL(ValueError):
     The CRD only checks that `probeURL` is a string, so this is user input: the
     engine turns it into a failed probe, never into a crash.
     """
+
+
+class _PeerClosed(Exception):
+    """Raised while reading an answer when the peer closed before sending one."""
 
 
 class _ProbeFailed(Exception):
@@ -128,17 +137,23 @@ def parse_probe_url(url: str) -> ProbeURL:
     path = parts.path or "/"
     if parts.query:
         path += "?" + parts.query
+    # A request-target is visible ASCII only (RFC 9112); escape the rest
+    # (spaces, controls, non-ASCII) as a browser would, keep the rest as written.
+    path = urllib.parse.quote(path, safe=_VISIBLE_ASCII)
+    authority = f"{bracketed}:{effective_port}"
+    target = path if https else f"http://{host_header}{path}"
     try:
-        path.encode("ascii")
-    except UnicodeEncodeError:
-        path = urllib.parse.quote(path, safe="/?&=%:@!$'()*+,;~-._")
-    return ProbeURL(
-        https=https,
-        host=host,
-        authority=f"{bracketed}:{effective_port}",
-        host_header=host_header,
-        target=path if https else f"http://{host_header}{path}",
-    )
+        connect = h11.Request(method="CONNECT", target=authority, headers=[
+            ("Host", authority), ("User-Agent", USER_AGENT), ("Connection", "close")]
+            ) if https else None
+        get = h11.Request(method="GET", target=target, headers=[
+            ("Host", host_header), ("User-Agent", USER_AGENT), ("Accept", "*/*"),
+            ("Connection", "close")])
+    except h11.LocalProtocolError:
+        # What h11 refuses to send here can only come from the host.
+        raise BadProbeURL(f"bad probe URL: invalid host {host!r}") from None
+    return ProbeURL(https=https, host=host, authority=authority, host_header=host_header,
+                    target=target, connect_request=connect, get_request=get)
 
 
 @functools.lru_cache(maxsize=_URL_CACHE_SIZE)
@@ -212,6 +227,8 @@ class Prober:
                 status = await _get(stream, url)
         except trio.TooSlowError:
             raise _ProbeFailed("timeout", f"timeout after {target.timeout:g}s {phase}") from None
+        except _PeerClosed:
+            raise _ProbeFailed("connection_lost", f"connection closed {phase}") from None
         except trio.BrokenResourceError as e:
             if isinstance(e.__cause__, ssl.SSLError):
                 raise _ProbeFailed("tls_error", f"TLS error: {_ssl_reason(e.__cause__)}") from None
@@ -242,10 +259,9 @@ async def _connect(host: str, port: int) -> trio.SocketStream:
 
 
 async def _open_tunnel(stream: trio.abc.Stream, url: ProbeURL) -> None:
+    assert url.connect_request is not None  # an https URL always has one
     conn = h11.Connection(h11.CLIENT)
-    request = h11.Request(method="CONNECT", target=url.authority, headers=[
-        ("Host", url.authority), ("User-Agent", USER_AGENT), ("Connection", "close")])
-    await stream.send_all(_encode(conn, request))
+    await stream.send_all(_encode(conn, url.connect_request))
     response = await _read_response(conn, stream)
     if not 200 <= response.status_code < 300:
         raise _ProbeFailed("proxy_refused", f"CONNECT refused: {response.status_code}")
@@ -259,10 +275,7 @@ async def _open_tunnel(stream: trio.abc.Stream, url: ProbeURL) -> None:
 
 async def _get(stream: trio.abc.Stream, url: ProbeURL) -> int:
     conn = h11.Connection(h11.CLIENT)
-    request = h11.Request(method="GET", target=url.target, headers=[
-        ("Host", url.host_header), ("User-Agent", USER_AGENT), ("Accept", "*/*"),
-        ("Connection", "close")])
-    await stream.send_all(_encode(conn, request))
+    await stream.send_all(_encode(conn, url.get_request))
     return (await _read_response(conn, stream)).status_code
 
 
@@ -275,11 +288,14 @@ async def _read_response(conn: h11.Connection, stream: trio.abc.Stream) -> h11.R
     while True:
         event = conn.next_event()
         if event is h11.NEED_DATA:
-            conn.receive_data(bytes(await stream.receive_some(_RECEIVE_SIZE)))
+            data = await stream.receive_some(_RECEIVE_SIZE)
+            if not data:
+                # EOF before a whole answer (h11 would word this after its
+                # own state machine: "can't handle event type ConnectionClosed").
+                raise _PeerClosed
+            conn.receive_data(bytes(data))
         elif isinstance(event, h11.Response):
             return event
-        elif isinstance(event, h11.ConnectionClosed):
-            raise h11.RemoteProtocolError("peer closed the connection")
         # InformationalResponse (1xx): keep reading for the final answer.
 
 

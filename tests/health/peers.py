@@ -15,7 +15,7 @@ import ssl
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -175,6 +175,47 @@ async def serve_target(status: int, ssl_context: ssl.SSLContext | None = None, *
     async with trio.open_nursery() as nursery:
         await nursery.start(trio.serve_listeners, handle, wrapped)
         task_status.started(target)
+
+
+async def serve_tcp(handler: Callable[[trio.SocketStream], Awaitable[None]], *,
+                    task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
+    """Serve `handler` on a loopback port (given to `task_status`); closes each
+    connection when its handler returns."""
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+
+    async def handle(stream: trio.SocketStream) -> None:
+        async with stream:
+            await handler(stream)
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(trio.serve_listeners, handle, listeners)
+        task_status.started(listeners[0].socket.getsockname()[1])
+
+
+async def read_head(stream: trio.abc.ReceiveStream) -> bytes:
+    """Read up to the end of a request head (what a proxy needs before answering)."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = await stream.receive_some(4096)
+        if not chunk:
+            break
+        data += chunk
+    return data
+
+
+def scripted_proxy(reply: bytes, *, then_hang: bool = False
+                   ) -> Callable[[trio.SocketStream], Awaitable[None]]:
+    """A misbehaving "proxy": reads the request head, sends `reply` (maybe
+    nothing), then closes, or hangs if `then_hang`."""
+
+    async def handle(stream: trio.SocketStream) -> None:
+        await read_head(stream)
+        if reply:
+            await stream.send_all(reply)
+        if then_hang:
+            await trio.sleep_forever()
+
+    return handle
 
 
 async def serve_silent(*, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED

@@ -2,16 +2,28 @@
 
 from __future__ import annotations
 
+import ssl
 from pathlib import Path
 
 import pytest
 import trio
+import trio.testing
+import trustme
 
 from egressd.errors import ConfigError
-from egressd.health.probe import BadProbeURL, Prober, ProbeTarget, parse_probe_url
+from egressd.health.probe import BadProbeURL, Prober, ProbeResult, ProbeTarget, parse_probe_url
 from egressd.metrics import REGISTRY
 from tests.health.conftest import StartTarget
-from tests.health.peers import ProxyProcess, closed_port, serve_silent
+from tests.health.peers import (
+    ProxyProcess,
+    Target,
+    closed_port,
+    read_head,
+    scripted_proxy,
+    serve_silent,
+    serve_target,
+    serve_tcp,
+)
 
 
 def _target(proxy_port: int, url: str, *, timeout: float = 5.0) -> ProbeTarget:
@@ -190,3 +202,155 @@ def test_bad_probe_urls(url: str, reason: str) -> None:
     with pytest.raises(BadProbeURL) as info:
         parse_probe_url(url)
     assert str(info.value) == reason
+
+
+# --- misbehaving proxies: h11 framing of the CONNECT answer -----------------
+
+@pytest.mark.parametrize(("reply", "reason"), [
+    (b"", "connection closed waiting for the CONNECT answer"),
+    (b"HTTP/1.1 200 Conn", "connection closed waiting for the CONNECT answer"),
+    (b"HTTP/1.1 407 Proxy Authentication Required\r\nContent-Length: 5\r\n\r\nhello",
+     "CONNECT refused: 407"),
+    (b"HTTP/1.1 200 OK\r\n\r\nnot TLS", "bad HTTP waiting for the CONNECT answer: "
+     "unexpected data after the answer"),
+    (b"SSH-2.0-OpenSSH\r\n\r\n", "bad HTTP waiting for the CONNECT answer: "),
+    # A 2xx switches protocols: what follows is the tunnel, here closed at once.
+    (b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\n\r\n", "TLS error: "),
+])
+async def test_connect_answer_framing(prober: Prober, nursery: trio.Nursery,
+                                      reply: bytes, reason: str) -> None:
+    with trio.fail_after(10):
+        port = await nursery.start(serve_tcp, scripted_proxy(reply))
+        result = await prober.probe(_target(port, "https://localhost:1/"))
+        assert not result.ok
+        assert result.reason.startswith(reason), result.reason
+
+
+async def test_connect_refusal_is_read_without_waiting_for_its_body(
+        prober: Prober, nursery: trio.Nursery) -> None:
+    with trio.fail_after(10):
+        # Headers promise a body that never comes; the status line decides.
+        reply = b"HTTP/1.1 403 Forbidden\r\nContent-Length: 100000\r\n\r\n<html>"
+        port = await nursery.start(serve_tcp, scripted_proxy(reply, then_hang=True))
+        before = _count("proxy_refused")
+        result = await prober.probe(_target(port, "https://localhost:1/", timeout=5.0))
+        assert result.reason == "CONNECT refused: 403"
+        assert _count("proxy_refused") == before + 1
+
+
+async def test_one_timeout_covers_the_whole_probe(
+        prober: Prober, nursery: trio.Nursery, mock_clock: trio.testing.MockClock) -> None:
+    # Virtual time moves only when the test jumps it: 0.6 s waiting for the
+    # CONNECT answer plus 0.5 s in the TLS handshake exceed a 1 s timeout,
+    # though neither phase does on its own.
+    asked, answer, hello = trio.Event(), trio.Event(), trio.Event()
+
+    async def slow_proxy(stream: trio.SocketStream) -> None:
+        await read_head(stream)
+        asked.set()
+        await answer.wait()
+        await stream.send_all(b"HTTP/1.1 200 Connection established\r\n\r\n")
+        assert await stream.receive_some(4096)  # the ClientHello
+        hello.set()
+        await trio.sleep_forever()
+
+    results: list[ProbeResult] = []
+    with trio.fail_after(10):
+        port = await nursery.start(serve_tcp, slow_proxy)
+        async with trio.open_nursery() as inner:
+            async def run() -> None:
+                results.append(await prober.probe(_target(port, "https://localhost:1/",
+                                                          timeout=1.0)))
+            inner.start_soon(run)
+            await asked.wait()
+            mock_clock.jump(0.6)
+            answer.set()
+            await hello.wait()
+            mock_clock.jump(0.5)
+    [result] = results
+    assert result.reason == "timeout after 1s in the TLS handshake"
+    assert result.latency == pytest.approx(1.1)
+
+
+@pytest.mark.squid
+async def test_target_that_never_speaks_tls_times_out_through_squid(
+        squid: ProxyProcess, prober: Prober, nursery: trio.Nursery) -> None:
+    with trio.fail_after(10):
+        port = await nursery.start(serve_silent)
+        result = await prober.probe(_target(squid.port, f"https://127.0.0.1:{port}/",
+                                            timeout=0.5))
+        assert result.reason == "timeout after 0.5s in the TLS handshake"
+
+
+@pytest.mark.tinyproxy
+async def test_target_answering_503_through_tinyproxy_fails(
+        tinyproxy: ProxyProcess, prober: Prober, start_target: StartTarget) -> None:
+    with trio.fail_after(10):
+        target = await start_target(503)
+        result = await prober.probe(_target(tinyproxy.port,
+                                            f"https://127.0.0.1:{target.port}/"))
+        assert result == ProbeResult(False, result.latency, "unexpected status 503")
+
+
+# --- TLS: SNI, hostname verification, the configured CA plus system roots ---
+
+def _server_context(ca: trustme.CA, *names: str) -> ssl.SSLContext:
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert(*names).configure_cert(ctx)
+    return ctx
+
+
+@pytest.mark.squid
+async def test_tls_sends_the_url_host_as_sni(
+        squid: ProxyProcess, prober: Prober, ca: trustme.CA, nursery: trio.Nursery) -> None:
+    with trio.fail_after(10):
+        ctx = _server_context(ca, "localhost")
+        names: list[str | None] = []
+        ctx.sni_callback = lambda _obj, name, _ctx: names.append(name)
+        target: Target = await nursery.start(serve_target, 204, ctx)
+        result = await prober.probe(_target(squid.port, f"https://localhost:{target.port}/"))
+        assert result.ok, result
+        assert names == ["localhost"]
+
+
+@pytest.mark.squid
+async def test_certificate_for_another_name_is_a_tls_error(
+        squid: ProxyProcess, prober: Prober, ca: trustme.CA, nursery: trio.Nursery) -> None:
+    with trio.fail_after(10):
+        target: Target = await nursery.start(serve_target, 204,
+                                             _server_context(ca, "other.example"))
+        result = await prober.probe(_target(squid.port, f"https://localhost:{target.port}/"))
+        assert result.reason.startswith(
+            "TLS error: certificate verify failed: Hostname mismatch"), result.reason
+        assert target.requests == []
+
+
+@pytest.mark.squid
+async def test_probe_ca_adds_to_the_system_roots(
+        squid: ProxyProcess, ca: trustme.CA, ca_file: Path, nursery: trio.Nursery,
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # OpenSSL reads its default trust store from SSL_CERT_FILE: here it stands
+    # for the system roots, a second CA the probe CA file does not contain.
+    system_ca = trustme.CA()
+    system_ca.cert_pem.write_to_path(str(tmp_path / "system.pem"))
+    monkeypatch.setenv("SSL_CERT_FILE", str(tmp_path / "system.pem"))
+    prober = Prober(ca_file=str(ca_file))
+    with trio.fail_after(10):
+        private: Target = await nursery.start(serve_target, 204, _server_context(ca, "localhost"))
+        public: Target = await nursery.start(serve_target, 204,
+                                             _server_context(system_ca, "localhost"))
+        for t in (private, public):
+            result = await prober.probe(_target(squid.port, f"https://localhost:{t.port}/"))
+            assert result.ok, result
+        # Without the probe CA only the "system" one is trusted.
+        result = await Prober().probe(
+            _target(squid.port, f"https://localhost:{private.port}/"))
+        assert result.reason.startswith("TLS error: certificate verify failed"), result.reason
+
+
+async def test_unsendable_characters_in_the_url(prober: Prober) -> None:
+    # The path is escaped as a browser would; a host h11 cannot send is a bad URL.
+    assert parse_probe_url("https://h/a b/\x01é?q=a b").target == "/a%20b/%01%C3%A9?q=a%20b"
+    with trio.fail_after(10):
+        result = await prober.probe(_target(closed_port(), "https://a b/"))
+        assert result == ProbeResult(False, result.latency, "bad probe URL: invalid host 'a b'")
