@@ -12,6 +12,9 @@ over at once.
 As in client-go, expiry is judged on this replica's own clock: a Lease is
 free when its record has not changed for its leaseDurationSeconds since this
 replica first saw that record, so clock skew between replicas does not matter.
+The leader's renew deadline counts from when its last successful renewal was
+*sent*, not answered: a standby can see the write as soon as it lands, so a
+slow answer must not stretch this replica's term past the standby's wait.
 """
 
 from __future__ import annotations
@@ -62,6 +65,7 @@ class LeaderElector:
         self.retry_period = retry_period
         self._observed_spec: dict[str, Any] | None = None
         self._observed_at = -math.inf
+        self._renewed_at = -math.inf
         self.leading = False
 
     @property
@@ -102,7 +106,12 @@ class LeaderElector:
         }
 
     async def try_acquire_or_renew(self) -> bool:
-        """One attempt to take or keep the Lease; False when someone else holds it."""
+        """One attempt to take or keep the Lease; False when someone else holds it.
+
+        On success `renewed_at` is the time the attempt began, at or before
+        the moment any other replica can have seen the write.
+        """
+        began = trio.current_time()
         try:
             lease = await self._client.get(LEASES, self.name, namespace=self.namespace)
         except NotFound:
@@ -113,6 +122,7 @@ class LeaderElector:
             except Conflict:
                 return False  # another candidate created it first
             self._observe(created)
+            self._renewed_at = began
             return True
         self._observe(lease)
         if self._held_by_other():
@@ -124,7 +134,13 @@ class LeaderElector:
         except Conflict:
             return False  # someone wrote since our read; look again next round
         self._observe(updated)
+        self._renewed_at = began
         return True
+
+    @property
+    def renewed_at(self) -> float:
+        """trio time at which the last successful acquire/renew attempt began."""
+        return self._renewed_at
 
     async def acquire(self) -> None:
         """Return once this replica holds the Lease."""
@@ -139,14 +155,14 @@ class LeaderElector:
     async def keep(self) -> None:
         """Renew every retry period; return as soon as leadership is lost.
 
-        Lost means: no successful renewal within the renew deadline, or the
-        Lease seen held by another candidate.
+        Lost means: no successful renewal within the renew deadline (counted
+        from when the last successful renewal began, see the module
+        docstring), or the Lease seen held by another candidate.
         """
-        last_renewed = trio.current_time()
         while True:
             await trio.sleep(self.retry_period)
             renewed = False
-            with trio.move_on_at(last_renewed + self.renew_deadline):
+            with trio.move_on_at(self._renewed_at + self.renew_deadline):
                 while True:
                     try:
                         renewed = await self.try_acquire_or_renew()
@@ -163,7 +179,6 @@ class LeaderElector:
             if not renewed:
                 log.warning("leader lease not renewed within the deadline")
                 return
-            last_renewed = trio.current_time()
 
     async def release(self) -> None:
         """Give the Lease up (empty holder, 1 s duration) if this replica still holds it."""

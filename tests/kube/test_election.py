@@ -6,14 +6,17 @@ import datetime
 import functools
 from typing import Any
 
+import httpx
 import pytest
 import trio
 
 from egressd.kube.client import KubeClient
+from egressd.kube.config import KubeConfig
 from egressd.kube.election import LeaderElector, run_elected
 from egressd.kube.resources import LEASES
 from egressd.metrics import REGISTRY
 from egressd.sandbox.apiserver import FakeApiServer
+from tests.fixtures.kube import hooked_client
 
 # Short real durations: HTTP and MockClock do not mix. retry < renew < lease.
 FAST = {"lease_duration": 1.0, "renew_deadline": 0.6, "retry_period": 0.1}
@@ -41,14 +44,18 @@ class Candidate:
         self.terms = 0
         self.scope = trio.CancelScope()
         self.finished = trio.Event()
+        self.started_at: float | None = None
+        self.stopped_at: float | None = None
 
     async def lead(self) -> None:
         self.terms += 1
         self.stopped = trio.Event()
+        self.started_at = trio.current_time()
         self.leading.set()
         try:
             await trio.sleep_forever()
         finally:
+            self.stopped_at = trio.current_time()
             self.leading = trio.Event()
             self.stopped.set()
 
@@ -170,6 +177,75 @@ async def test_lead_returning_releases_and_returns(kube_client: KubeClient,
                           lead=lead, **FAST)
     assert ran == [True]
     assert lease_spec(apiserver)["holderIdentity"] == ""
+
+
+async def test_racing_candidates_only_one_wins(kube_client: KubeClient,
+                                              apiserver: FakeApiServer) -> None:
+    # All reads happen before any write: only optimistic concurrency (the
+    # create's name clash, the update's resourceVersion) keeps it to one.
+    async def race() -> dict[str, bool]:
+        electors = [LeaderElector(kube_client, name="egressd", namespace="default",
+                                  identity=f"c{i}", **FAST) for i in range(5)]
+        won: dict[str, bool] = {}
+
+        async def attempt(elector: LeaderElector) -> None:
+            won[elector.identity] = await elector.try_acquire_or_renew()
+
+        async with trio.open_nursery() as nursery:
+            for elector in electors:
+                nursery.start_soon(attempt, elector)
+        return won
+
+    with trio.fail_after(10):
+        created = await race()  # no Lease yet: every candidate creates
+        assert sum(created.values()) == 1
+        assert lease_spec(apiserver)["holderIdentity"] == next(
+            who for who, ok in created.items() if ok)
+        lease = await kube_client.get(LEASES, "egressd", namespace="default")
+        lease["spec"].update(holderIdentity="", leaseDurationSeconds=1)
+        await kube_client.replace(LEASES, "egressd", lease, namespace="default")
+        updated = await race()  # a free Lease: every candidate updates it
+        assert sum(updated.values()) == 1
+        assert lease_spec(apiserver)["holderIdentity"] == next(
+            who for who, ok in updated.items() if ok)
+
+
+async def test_renew_deadline_counts_from_the_request_not_the_answer(
+    kube_client: KubeClient, kube_config: KubeConfig, nursery: trio.Nursery
+) -> None:
+    # a's renewal lands at once but its answer takes 0.6 s, then a is cut off
+    # from the API. b sees the write when it lands and takes over one lease
+    # duration later; a must have stopped leading by then.
+    timings = {"lease_duration": 1.0, "renew_deadline": 0.9, "retry_period": 0.1}
+    slow_put = False
+    partitioned = trio.Event()
+
+    async def hold_back(request: httpx.Request) -> None:
+        if partitioned.is_set():
+            await trio.sleep_forever()
+
+    async def slow_answer(response: httpx.Response) -> None:
+        nonlocal slow_put
+        if slow_put and response.request.method == "PUT":
+            slow_put = False
+            partitioned.set()
+            await trio.sleep(0.6)
+
+    with trio.fail_after(10):
+        async with hooked_client(kube_config, on_request=[hold_back],
+                                 on_response=[slow_answer]) as a_client:
+            a = Candidate(a_client, "a", **timings)
+            b = Candidate(kube_client, "b", **timings)
+            await nursery.start(a.run)
+            await a.leading.wait()
+            await nursery.start(b.run)
+            slow_put = True
+            await b.leading.wait()
+            assert a.stopped_at is not None and b.started_at is not None
+            assert partitioned.is_set()
+            assert a.stopped_at <= b.started_at
+            a.scope.cancel()
+            b.scope.cancel()
 
 
 def test_timings_must_be_ordered() -> None:
