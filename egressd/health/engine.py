@@ -10,7 +10,8 @@ live only if its `seq` is still the proxy's), so a tick costs
 O(due · log fleet) and nothing is O(fleet) per probe or per tick. Each due
 proxy gets its own probe task in the engine's nursery, gated by one
 `trio.CapacityLimiter`; a proxy is never handed out again while its probe is
-in flight (or waiting for the limiter).
+in flight (or waiting for the limiter), even if it was removed and re-added
+meanwhile.
 
 Verdicts: consecutive successes/failures; healthy after `success_threshold`
 successes, unhealthy after `failure_threshold` failures, and before either
@@ -36,8 +37,8 @@ from egressd.metrics import PROBES
 log = logging.getLogger(__name__)
 
 # SPEC §6: while healthy, a latency-only update is emitted when latency moved
-# by at least this fraction since the last emission ...
-LATENCY_CHANGE: Final = 0.20
+# by at least this percentage since the last emission ...
+LATENCY_CHANGE_PERCENT: Final = 20
 # ... and the last emission is at least this old (seconds).
 LATENCY_EMIT_MIN_INTERVAL: Final = 60.0
 
@@ -77,7 +78,7 @@ class _State:
     checked_at: datetime | None = None
     successes: int = 0
     failures: int = 0
-    emitted_latency: float | None = None
+    emitted_latency_ms: int | None = None
     emitted_at: float = -math.inf  # trio clock
     due: float = 0.0  # trio clock; meaningful while not in flight
     seq: int = 0  # the live heap entry's seq
@@ -88,6 +89,9 @@ class _State:
     # Set when the target changed while a probe was in flight: probe again on
     # the next tick after it ends instead of one interval later.
     probe_soon: bool = False
+    # Set when this state came due while a probe of the same key, started
+    # before a `remove`, was still running: that probe's task reschedules it.
+    waiting: bool = False
 
     def reset(self) -> None:
         self.healthy = None
@@ -95,7 +99,7 @@ class _State:
         self.reason = ""
         self.checked_at = None
         self.successes = self.failures = 0
-        self.emitted_latency = None
+        self.emitted_latency_ms = None
         self.emitted_at = -math.inf
         self.generation += 1
 
@@ -124,6 +128,9 @@ class HealthEngine:
         self._wall_clock = wall_clock
         self._probe_grace = probe_grace
         self._states: dict[str, _State] = {}
+        # Key -> the state whose probe is in flight. It outlives a `remove`,
+        # so a key removed and re-added mid-probe still has one probe at a time.
+        self._running: dict[str, _State] = {}
         self._heap: list[tuple[float, int, str]] = []
         self._seq = 0
 
@@ -141,8 +148,12 @@ class HealthEngine:
         the verdict and streaks but probes on the next tick; other changes
         (interval, timeout, thresholds) keep everything and apply from the
         next probe; a new interval also moves the pending probe by the
-        difference (never into the past).
+        difference (never into the past). A target without a host is not
+        probeable: its state is dropped, as by `remove` (SPEC §6).
         """
+        if not target.host:
+            self.remove(target.key)
+            return
         now = trio.current_time()
         state = self._states.get(target.key)
         if state is None:
@@ -169,7 +180,8 @@ class HealthEngine:
 
     def remove(self, key: str) -> None:
         """Forget `key` (no probeable host, or deleted); an in-flight probe's
-        result is dropped. Unknown keys are fine."""
+        result is dropped, and a re-added key is probed only once it ended.
+        Unknown keys are fine."""
         self._states.pop(key, None)
         # Its heap entry (if any) is now stale and is skipped when popped.
 
@@ -178,7 +190,7 @@ class HealthEngine:
         state = self._states.get(key)
         if state is None or state.healthy is None or state.checked_at is None:
             return None
-        latency_ms = (round(state.latency * 1000)
+        latency_ms = (_ms(state.latency)
                       if state.healthy and state.latency is not None else None)
         return Verdict(healthy=state.healthy, latency_ms=latency_ms,
                        checked_at=state.checked_at, reason=state.reason,
@@ -219,7 +231,12 @@ class HealthEngine:
             state = self._states.get(key)
             if state is None or state.seq != seq or state.in_flight:
                 continue  # stale entry: removed, rescheduled, or already probing
+            if key in self._running:
+                # A probe from before a remove() is still out: one per proxy.
+                state.waiting = True
+                continue
             state.in_flight = True
+            self._running[key] = state
             nursery.start_soon(self._probe_task, state, due, name=f"probe {key}")
 
     async def _probe_task(self, state: _State, due: float) -> None:
@@ -233,7 +250,15 @@ class HealthEngine:
             # Also runs when cancelled (result None): the proxy must not stay
             # marked in flight, or a later `run` would never probe it again.
             state.in_flight = False
-            if self._states.get(target.key) is state:
+            del self._running[target.key]
+            current = self._states.get(target.key)
+            if current is not state:
+                # Removed meanwhile: the result is dropped; a successor that
+                # came due during this probe goes next.
+                if current is not None and current.waiting:
+                    current.waiting = False
+                    self._schedule(current, trio.current_time())
+            else:
                 if result is not None and generation == state.generation:
                     self._record(state, result)
                 now = trio.current_time()
@@ -289,7 +314,7 @@ class HealthEngine:
         state.failures = seed.failures
         # The seed is what status already shows: count it as emitted now, so
         # a restart does not turn into one status write per proxy.
-        state.emitted_latency = state.latency if seed.healthy else None
+        state.emitted_latency_ms = seed.latency_ms if seed.healthy else None
         state.emitted_at = now
 
     def _record(self, state: _State, result: ProbeResult) -> None:
@@ -318,14 +343,22 @@ class HealthEngine:
         elif not (state.healthy and result.ok and self._latency_moved(state, now)):
             return
         state.emitted_at = now
-        state.emitted_latency = state.latency if state.healthy else None
+        state.emitted_latency_ms = (_ms(state.latency)
+                                    if state.healthy and state.latency is not None else None)
         self._on_change(target.key)
 
     @staticmethod
     def _latency_moved(state: _State, now: float) -> bool:
-        if now - state.emitted_at < LATENCY_EMIT_MIN_INTERVAL:
+        if now - state.emitted_at < LATENCY_EMIT_MIN_INTERVAL or state.latency is None:
             return False
-        last, current = state.emitted_latency, state.latency
-        if last is None or current is None:
-            return current is not None
-        return abs(current - last) >= LATENCY_CHANGE * last
+        last, current = state.emitted_latency_ms, _ms(state.latency)
+        if last is None:
+            return True
+        # In whole milliseconds, as status shows latency, and in integers so
+        # that exactly 20 % counts (0.12 - 0.10 < 0.2 * 0.10 in floats); an
+        # unchanged value is never news (0 ms -> 0 ms).
+        return current != last and 100 * abs(current - last) >= LATENCY_CHANGE_PERCENT * last
+
+
+def _ms(seconds: float) -> int:
+    return round(seconds * 1000)

@@ -354,3 +354,89 @@ async def test_host_change_while_in_flight_drops_the_old_result_and_reprobes(
         assert h.emitted_at() == [5.5]
         verdict = h.engine.snapshot("a")
         assert verdict is not None and verdict.healthy
+
+
+async def test_a_key_removed_and_readded_mid_probe_waits_for_that_probe(
+        nursery: trio.Nursery, autojump_clock: trio.testing.MockClock) -> None:
+    with trio.fail_after(1000):
+        h = Harness(Script(delay=3.0))
+        h.script.set("a", [fail()])
+        h.engine.upsert(target(failure_threshold=1))
+        await nursery.start(h.engine.run)
+        await trio.sleep(1.5)  # the probe started at 0 runs until 3
+        h.engine.remove("a")
+        h.engine.upsert(target(failure_threshold=1))
+        h.script.set("a", [ok()])
+        await trio.sleep(5)  # t=6.5
+        # Due on the tick at 2, but the old probe is out until 3: one at a time.
+        assert h.script.times("a") == [0.0, 3.0]
+        assert h.script.max_in_flight_per_key == 1
+        # The removed state's failure was dropped; the new one's success counts.
+        verdict = h.engine.snapshot("a")
+        assert verdict is not None and verdict.healthy
+        assert h.emitted_at() == [6.0]
+
+
+async def test_latency_rule_boundaries_are_exactly_20_percent_and_60_seconds(
+        nursery: trio.Nursery, autojump_clock: trio.testing.MockClock) -> None:
+    with trio.fail_after(1000):
+        h = Harness(Script())
+        # Probes every 10 s from t=0; the first verdict is emitted at 0.
+        h.script.set("a", [ok(0.100)] * 6 + [ok(0.120)])  # +20 % at exactly 60 s
+        h.script.set("b", [ok(0.100)] * 6 + [ok(0.119)])  # +19 %
+        h.script.set("c", [ok(0.100)] * 6 + [ok(0.080)])  # -20 %
+        for key in "abc":
+            h.engine.upsert(target(key))
+        await nursery.start(h.engine.run)
+        await trio.sleep(75.5)
+        assert h.emitted_at("a") == [0.0, 60.0]
+        assert h.emitted_at("b") == [0.0]
+        assert h.emitted_at("c") == [0.0, 60.0]
+        verdict = h.engine.snapshot("b")
+        # Not emitted, but the snapshot has the latest latency for whoever reads it.
+        assert verdict is not None and verdict.latency_ms == 119
+
+
+async def test_seed_without_latency_gets_one_after_a_minute(
+        nursery: trio.Nursery, autojump_clock: trio.testing.MockClock) -> None:
+    with trio.fail_after(1000):
+        h = Harness(Script())
+        seed = Verdict(healthy=True, latency_ms=None, checked_at=EPOCH, reason="status 204")
+        h.engine.upsert(target(interval=10.0), seed=seed)
+        await nursery.start(h.engine.run)
+        await trio.sleep(80.5)
+        [first, *_] = h.script.times("a")
+        # The seed counts as emitted at 0, so the latency waits for 60 s.
+        assert h.emitted_at() == [first + 60.0]
+
+
+async def test_a_target_without_host_drops_its_state(
+        nursery: trio.Nursery, autojump_clock: trio.testing.MockClock) -> None:
+    with trio.fail_after(1000):
+        h = Harness(Script())
+        h.engine.upsert(target())
+        await nursery.start(h.engine.run)
+        await trio.sleep(5.5)
+        assert h.engine.snapshot("a") is not None
+        h.engine.upsert(target(host=""))  # e.g. a Managed proxy being replaced
+        assert "a" not in h.engine and h.engine.snapshot("a") is None
+        await trio.sleep(30)
+        assert h.script.times("a") == [0.0]
+
+
+async def test_scheduling_stays_right_through_heavy_rescheduling(
+        nursery: trio.Nursery, autojump_clock: trio.testing.MockClock) -> None:
+    with trio.fail_after(1000):
+        # Each URL change leaves a stale heap entry; hundreds of them force the
+        # heap to be rebuilt, which must keep every live entry.
+        h = Harness(Script())
+        keys = [f"p{i}" for i in range(10)]
+        for key in keys:
+            h.engine.upsert(target(key))
+        await nursery.start(h.engine.run)
+        await trio.sleep(0.5)
+        for i in range(500):
+            h.engine.upsert(target("p0", url=f"https://t.example/{i % 2}"))
+        await trio.sleep(20)  # t=20.5
+        assert h.script.times("p0") == [0.0, 1.0, 11.0]
+        assert all(h.script.times(key) == [0.0, 10.0, 20.0] for key in keys[1:])
