@@ -203,3 +203,25 @@ async def test_delete_with_a_finalizer_finishes_once_it_is_removed(
         assert 'proxy.crawl.example.com "ext1" deleted' in out(results[0])
         assert apiserver.get("crawl.example.com/v1alpha1", "Proxy", "ext1",
                              namespace="default") is None
+
+
+async def test_imperative_create_namespace_and_secret(kube_env: dict[str, str],
+                                                      apiserver: FakeApiServer,
+                                                      tmp_path: Path) -> None:
+    # Both go through client-go's typed clients, which send protobuf bodies.
+    result = await kubectl(kube_env, "create", "namespace", "team", "--save-config")
+    assert result.returncode == 0 and "namespace/team created" in out(result), out(result)
+    (tmp_path / "pw").write_bytes(b"hunter2")
+    result = await kubectl(kube_env, "create", "secret", "generic", "creds", "-n", "team",
+                           "--from-literal=user=bob", f"--from-file=pw={tmp_path / 'pw'}")
+    assert result.returncode == 0 and "secret/creds created" in out(result), out(result)
+    namespace = apiserver.get("v1", "Namespace", "team")
+    assert namespace is not None
+    assert "kubectl.kubernetes.io/last-applied-configuration" in namespace["metadata"][
+        "annotations"]
+    secret = apiserver.get("v1", "Secret", "creds", namespace="team")
+    assert secret is not None
+    assert secret["data"] == {"user": "Ym9i", "pw": "aHVudGVyMg=="}
+    assert secret["type"] == "Opaque"
+    result = await kubectl(kube_env, "create", "namespace", "team")
+    assert result.returncode != 0 and "AlreadyExists" in out(result), out(result)

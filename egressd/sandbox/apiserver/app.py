@@ -25,7 +25,7 @@ from typing import Any
 import attrs
 import trio
 
-from egressd.sandbox.apiserver import builtin, discovery, openapi, patch, table
+from egressd.sandbox.apiserver import builtin, discovery, openapi, patch, protobuf, table
 from egressd.sandbox.apiserver.errors import (
     ApiError,
     already_exists,
@@ -482,16 +482,30 @@ class ApiApp:
             raise bad_request(f'dryRun: Unsupported value: "{value}": supported values: "All"')
         return value == "All"
 
-    def _body(self, request: Request, target: Target) -> Obj:
+    def _decoded(self, request: Request, rt: ResourceType) -> Any:
+        """A request body in whichever of JSON, YAML or protobuf its Content-Type names."""
         content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
         if content_type in ("application/yaml", "application/x-yaml"):
-            body: Any = patch.parse_apply(request.body)
-        elif content_type in ("", "application/json", "*/*"):
-            body = patch.parse_json(request.body)
-        else:
-            # Protobuf and CBOR are not spoken here (kubectl's imperative `create ns`
-            # sends protobuf): 415 as kube-apiserver answers an unknown body type.
-            raise unsupported_media_type(["application/json", "application/yaml"])
+            return patch.parse_apply(request.body)
+        if content_type in ("", "application/json", "*/*"):
+            return patch.parse_json(request.body)
+        accepted = ["application/json", "application/yaml"]
+        if rt.kind in protobuf.READABLE_KINDS:
+            accepted.append(protobuf.MEDIA_TYPE)
+        if content_type == protobuf.MEDIA_TYPE:
+            try:
+                return protobuf.decode(request.body)
+            except protobuf.UnsupportedKind:
+                # Like kube-apiserver for a custom resource: a 415, here for any kind
+                # whose protobuf message this server does not know.
+                raise unsupported_media_type(accepted) from None
+            except protobuf.ProtobufError as exc:
+                raise bad_request(f"the protobuf body cannot be decoded: {exc}") from None
+        # CBOR is not spoken here: 415 as kube-apiserver answers an unknown body type.
+        raise unsupported_media_type(accepted)
+
+    def _body(self, request: Request, target: Target) -> Obj:
+        body = self._decoded(request, target.rt)
         if not isinstance(body, dict):
             raise bad_request("the body of the request is not a JSON object")
         self._check_body_type(target.rt, body)
@@ -733,7 +747,7 @@ class ApiApp:
         assert target.name is not None
         options: Obj = {}
         if request.body.strip():
-            parsed = patch.parse_json(request.body)
+            parsed = self._decoded(request, rt)
             if not isinstance(parsed, dict):
                 raise bad_request("DeleteOptions must be a JSON object")
             options = parsed
