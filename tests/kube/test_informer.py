@@ -2,19 +2,21 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import httpx
 import trio
 
 from egressd.kube.client import KubeClient, open_client
-from egressd.kube.config import load_config
-from egressd.kube.informer import Informer
+from egressd.kube.config import KubeConfig, load_config
+from egressd.kube.informer import Backoff, Informer
 from egressd.kube.resources import SECRETS
 from egressd.metrics import REGISTRY
 from egressd.sandbox.apiserver import FakeApiServer
-from tests.fixtures.kube import FAST_RETRY
+from tests.fixtures.kube import FAST_RETRY, hooked_client
 
 LABEL = "crawl.example.com/cloud-init"
 
@@ -61,6 +63,26 @@ async def wait_until(predicate: Callable[[], bool]) -> None:
 
 def fast_informer(**kwargs: Any) -> Informer:
     return Informer(SECRETS, relist_backoff=(0.05, 0.2), **kwargs)
+
+
+class Sent:
+    """The list and watch requests a client really sent, with their query parameters."""
+
+    def __init__(self) -> None:
+        self.lists: list[dict[str, str]] = []
+        self.watches: list[dict[str, str]] = []
+
+    async def __call__(self, request: httpx.Request) -> None:
+        if request.method == "GET" and request.url.path.endswith("/secrets"):
+            params = dict(request.url.params)
+            (self.watches if params.get("watch") == "true" else self.lists).append(params)
+
+
+@asynccontextmanager
+async def recording_client(config: KubeConfig) -> AsyncIterator[tuple[KubeClient, Sent]]:
+    sent = Sent()
+    async with hooked_client(config, on_request=[sent]) as client:
+        yield client, sent
 
 
 async def test_sync_then_events(kube_client: KubeClient, apiserver: FakeApiServer,
@@ -133,23 +155,33 @@ async def test_410_relists_and_reports_vanished_objects(
 
 
 async def test_relist_410_falls_back_to_a_quorum_list(
-    kube_client: KubeClient, apiserver: FakeApiServer, nursery: trio.Nursery
+    kube_config: KubeConfig, apiserver: FakeApiServer
 ) -> None:
     informer = fast_informer()
     with trio.fail_after(10):
-        await nursery.start(informer.run, kube_client)
-        seen = Seen(informer)
-        await apiserver.wait_for_watchers("secrets")
-        # The in-stream form of 410 (an ERROR event), then a relist that is 410 too.
-        apiserver.faults.fail_next(1, code=410, watch=True, resource="secrets",
-                                   as_watch_event=True)
-        relist = apiserver.faults.fail_next(1, code=410, watch=False, method="GET",
-                                            resource="secrets")
-        apiserver.faults.cut_watches("secrets")
-        apiserver.create(secret("fresh"))
-        await seen.wait_for(("add", "fresh"))
-        assert relist.hits == 1
-        assert informer.lists == 3  # first list, the relist (410), the quorum list
+        async with recording_client(kube_config) as (client, sent), \
+                trio.open_nursery() as nursery:
+            await nursery.start(informer.run, client)
+            seen = Seen(informer)
+            await apiserver.wait_for_watchers("secrets")
+            apiserver.create(secret("before"))
+            await seen.wait_for(("add", "before"))
+            last_seen = informer.resource_version
+            # The in-stream form of 410 (an ERROR event), then a relist that is 410 too.
+            apiserver.faults.fail_next(1, code=410, watch=True, resource="secrets",
+                                       as_watch_event=True)
+            relist = apiserver.faults.fail_next(1, code=410, watch=False, method="GET",
+                                                resource="secrets")
+            apiserver.faults.cut_watches("secrets")
+            apiserver.create(secret("fresh"))
+            await seen.wait_for(("add", "fresh"))
+            nursery.cancel_scope.cancel()
+    assert relist.hits == 1
+    assert informer.lists == 3  # first list, the relist (410), the quorum list
+    # The first list is a quorum read; the relist asks for "not older than"
+    # the last version seen; only its 410 falls back to a quorum list.
+    versions = [params.get("resourceVersion", "") for params in sent.lists]
+    assert versions == ["", last_seen, ""]
 
 
 async def test_bookmarks_keep_the_version_fresh(tmp_path: Path, nursery: trio.Nursery) -> None:
@@ -202,3 +234,44 @@ async def test_watch_open_failures_back_off_then_resume(kube_client: KubeClient,
         await seen.wait_for(("add", "later"))
         assert rule.hits == 3
         assert informer.lists == 1
+
+
+async def test_watch_parameters_and_resume_version(kube_config: KubeConfig,
+                                                   apiserver: FakeApiServer) -> None:
+    informer = Informer(SECRETS, label_selector=f"{LABEL}=true", relist_backoff=(0.05, 0.2))
+    with trio.fail_after(10):
+        async with recording_client(kube_config) as (client, sent), \
+                trio.open_nursery() as nursery:
+            await nursery.start(informer.run, client)
+            listed = informer.resource_version
+            seen = Seen(informer)
+            await apiserver.wait_for_watchers("secrets")
+            apiserver.create(secret("a"))
+            await seen.wait_for(("add", "a"))
+            after_a = informer.resource_version
+            apiserver.faults.cut_watches("secrets", abrupt=True)
+            await apiserver.wait_for_watchers("secrets")
+            nursery.cancel_scope.cancel()
+    assert len(sent.lists) == 1
+    assert sent.lists[0].get("labelSelector") == f"{LABEL}=true"
+    first, resumed = sent.watches[:2]
+    for params in (first, resumed):
+        assert params["allowWatchBookmarks"] == "true"
+        assert params["labelSelector"] == f"{LABEL}=true"
+        # client-go's spread: 5 to 10 minutes, so replicas do not reconnect together.
+        assert 300 <= int(params["timeoutSeconds"]) <= 600
+    assert first["resourceVersion"] == listed  # watch from the list's version
+    assert resumed["resourceVersion"] == after_a  # resume from the last event seen
+    assert int(after_a) > int(listed)
+
+
+def test_relist_backoff_doubles_to_the_cap_with_jitter() -> None:
+    backoff = Backoff(0.8, 30.0)
+    delays = [backoff.next() for _ in range(9)]
+    bases = [0.8, 1.6, 3.2, 6.4, 12.8, 25.6, 30.0, 30.0, 30.0]
+    for delay, base in zip(delays, bases, strict=True):
+        assert base <= delay <= base * 1.5
+    assert len(set(delays[-3:])) == 3  # jittered, not a fixed 30 s
+    backoff.reset()
+    assert 0.8 <= backoff.next() <= 1.2
+    assert 1.6 <= backoff.next() <= 2.4
