@@ -197,11 +197,15 @@ class KubeClient:
             params["resourceVersion"] = resource_version
         body = await self._json("GET", res.path(namespace=namespace), params=params)
         items = body.get("items")
-        if not isinstance(items, list):
-            raise bad_json(200, json.dumps(body)[:200].encode())
+        if not isinstance(items, list) or not all(
+                isinstance(item, dict) and isinstance(item.get("metadata"), dict)
+                and item["metadata"].get("name") for item in items):
+            # The preview leaves the items out: they may be Secrets.
+            shape = {k: v for k, v in body.items() if k != "items"}
+            raise bad_json(200, json.dumps(shape).encode())
         meta = body.get("metadata") or {}
         return ObjectList(
-            items=[_typed(item, res) for item in items if isinstance(item, dict)],
+            items=[_typed(item, res) for item in items],
             resource_version=str(meta.get("resourceVersion") or ""),
         )
 

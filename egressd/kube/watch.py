@@ -89,4 +89,9 @@ def decode_event(line: str, *, status: int = 200) -> WatchEvent:
     if kind == "ERROR":
         code = obj.get("code")
         raise error_from_status(code if isinstance(code, int) else 500, obj)
+    meta = obj.get("metadata")
+    # Every object event must name its object (the cache is keyed by it); a
+    # bookmark carries only a resourceVersion.
+    if not isinstance(meta, dict) or (kind != BOOKMARK and not meta.get("name")):
+        raise bad_json(status, line.encode())
     return WatchEvent(kind, obj)

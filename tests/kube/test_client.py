@@ -14,7 +14,7 @@ from egressd.kube import errors
 from egressd.kube.client import KubeClient, RetryPolicy, open_client
 from egressd.kube.config import load_config, load_incluster_config
 from egressd.kube.resources import PROXIES, SECRETS, Resource
-from egressd.kube.watch import ADDED, BOOKMARK, DELETED, MODIFIED
+from egressd.kube.watch import ADDED, BOOKMARK, DELETED, MODIFIED, decode_event
 from egressd.sandbox.apiserver import FakeApiServer
 from tests.fixtures.kube import FAST_RETRY, write_kubeconfig
 
@@ -248,6 +248,9 @@ async def _serve_garbage(*, task_status: trio.TaskStatus[int] = trio.TASK_STATUS
             data += chunk
         status = b"502 Bad Gateway" if b"/api/v1/pods" in data else b"200 OK"
         body = b"<html><body>" + b"x" * 1000 + b"</body></html>"
+        if b"/api/v1/secrets" in data:  # JSON, but an item with no metadata
+            body = (b'{"kind":"SecretList","metadata":{"resourceVersion":"5"},'
+                    b'"items":[{"data":{"k":"c2VjcmV0"}}]}')
         await stream.send_all(b"HTTP/1.1 " + status + b"\r\nContent-Type: text/html\r\n"
                               + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
 
@@ -273,6 +276,34 @@ async def test_non_json_answer_is_a_typed_error(tmp_path: Path, nursery: trio.Nu
                 await client.list(Resource("", "v1", "pods", "Pod"))
             assert gateway.value.status == 502
             assert gateway.value.message.startswith("<html>")
+            with pytest.raises(errors.BadResponse) as shapeless:
+                await client.list(SECRETS)
+            # The preview shows the list's shape, never its items (Secret data).
+            assert b"SecretList" in shapeless.value.body
+            assert b"c2VjcmV0" not in shapeless.value.body
+
+
+@pytest.mark.parametrize("line", [
+    "not json", "[1, 2]", '{"type": "ADDED"}', '{"type": "ADDED", "object": {"kind": "Secret"}}',
+    '{"type": "MODIFIED", "object": {"metadata": {"namespace": "default"}}}',
+])
+def test_malformed_watch_lines_are_typed_errors(line: str) -> None:
+    with pytest.raises(errors.BadResponse) as bad:
+        decode_event(line)
+    assert bad.value.body == line.encode()[:errors.BODY_PREVIEW_BYTES]
+
+
+def test_watch_lines_decode() -> None:
+    bookmark = decode_event('{"type": "BOOKMARK", "object": {"kind": "Secret", '
+                            '"metadata": {"resourceVersion": "12"}}}')
+    assert (bookmark.type, bookmark.resource_version) == (BOOKMARK, "12")
+    added = decode_event('{"type": "ADDED", "object": {"metadata": {"name": "a", '
+                         '"resourceVersion": "13"}}}')
+    assert (added.type, added.resource_version) == (ADDED, "13")
+    with pytest.raises(errors.Gone) as gone:
+        decode_event('{"type": "ERROR", "object": {"kind": "Status", "code": 410, '
+                     '"reason": "Expired", "message": "too old resource version: 1 (5)"}}')
+    assert "too old" in gone.value.message
 
 
 @pytest.mark.parametrize(("status", "reason", "cls"), [
