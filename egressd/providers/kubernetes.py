@@ -37,12 +37,17 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 # The container writes the config and becomes Squid. Squid drops to its
-# effective user (`proxy`) before opening its logs, and that user cannot open
-# the container's stdout/stderr pipes unless they are made writable first.
+# effective user (`proxy`) before opening its access log, and that user
+# cannot open the container's stdout pipe unless it is made writable first.
+# The shell's own fds (/proc/$$/fd), not /dev/std*: `2>/dev/null` would turn
+# chmod's /dev/stderr into /dev/null and leave the real pipe as it was.
+# `-d 1` copies Squid's cache.log messages to its stderr as it is (no open):
+# opening /dev/stderr as cache_log fails, right after the uid change
+# /proc/self/fd is still root's, and Squid would print a warning at every start.
 START_COMMAND = (
-    'chmod 0666 /dev/stdout /dev/stderr 2>/dev/null; '
+    'chmod 0666 /proc/$$/fd/1 /proc/$$/fd/2 2>/dev/null; '
     'printf "%s\\n" "$SQUID_CONF" > /etc/squid/squid.conf '
-    '&& exec squid -N -f /etc/squid/squid.conf'
+    '&& exec squid -N -d 1 -f /etc/squid/squid.conf'
 )
 CONTAINER = "squid"
 CONF_ENV = "SQUID_CONF"
@@ -68,7 +73,7 @@ def squid_conf(
     listen_address: str = "",
     allowed_sources: Sequence[str] = PRIVATE_SOURCES,
     access_log: str = "stdio:/dev/stdout",
-    cache_log: str = "stdio:/dev/stderr",
+    cache_log: str = "/dev/null",
     pid_file: str = "none",
 ) -> str:
     """A forward-proxy `squid.conf` (Squid 5/6) listening on `port`, caching nothing.
@@ -76,6 +81,8 @@ def squid_conf(
     Only `allowed_sources` (CIDRs) may use it; CONNECT goes to any port, so
     probe targets and crawl targets on other ports work. `listen_address`
     binds one address (the sandbox gives each proxy its own 127.0.0.x).
+    `cache_log` is a plain path (no `stdio:` module); the Pod discards it and
+    gets the same messages on stderr from `squid -d 1` (see START_COMMAND).
     """
     if not 1 <= port <= 65535:
         raise ValueError(f"port {port} is not in 1-65535")
@@ -253,7 +260,11 @@ class KubernetesProvider:
         except kube_errors.Conflict:
             # Idempotent by name: a crash after a create re-finds its Pod.
             log.info("Pod %s/%s already exists; adopting it", namespace, request.name)
-            return await self.get(f"{namespace}/{request.name}")
+            try:
+                return await self.get(f"{namespace}/{request.name}")
+            except NotFound as exc:
+                # Deleted between the 409 and the read: create again later.
+                raise Transient(f"{what}: the existing Pod vanished before it was read") from exc
         except kube_errors.NotFound as exc:
             # The namespace is missing; creating it fixes this without a spec change.
             raise Transient(f"{what}: namespace {namespace!r} not found") from exc

@@ -203,3 +203,15 @@ async def test_missing_namespace_is_transient(kube_client: KubeClient) -> None:
                                   client=kube_client)
     with trio.fail_after(20), pytest.raises(Transient, match="namespace 'nowhere' not found"):
         await provider.create(request())
+
+
+async def test_adopting_a_pod_that_vanishes_is_transient(provider: KubernetesProvider,
+                                                         apiserver: Any) -> None:
+    """A 409 says the Pod exists; if it is gone by the read, create is retried later
+    (Transient), never reported as NotFound."""
+    with trio.fail_after(20):
+        await provider.create(request())
+        apiserver.faults.fail_next(code=404, method="GET", resource="pods")
+        with pytest.raises(Transient, match="vanished") as info:
+            await provider.create(request())
+    assert isinstance(info.value.cause, NotFound)

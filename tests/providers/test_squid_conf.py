@@ -1,8 +1,10 @@
 """The kubernetes provider's generated squid.conf, loaded by a real Squid.
 
-`squid -k parse` checks the exact text a Pod gets; a real Squid on a free
-loopback port then forwards a request and a CONNECT tunnel to a local
-target, and refuses a client outside its allowed sources.
+`squid -k parse` checks the exact text a Pod gets; the Pod's own start
+command (with only the config path moved out of /etc) runs a real Squid from
+the env var with stdout/stderr as pipes, as in a container; a real Squid on a
+free loopback port forwards a request and a CONNECT tunnel to a local target,
+and refuses a client outside its allowed sources.
 """
 
 from __future__ import annotations
@@ -180,3 +182,48 @@ def test_the_docs_cloud_init_installs_a_squid_that_is_not_open(tmp_path: Path) -
                             capture_output=True, text=True, timeout=30)
     assert result.returncode == 0, result.stderr
     assert "FATAL" not in result.stderr
+
+
+async def test_the_pod_start_command_runs_squid_from_the_env_var(nursery: trio.Nursery) -> None:
+    """The container's `sh -c` writes $SQUID_CONF and execs Squid, which logs each
+    request to stdout (a pipe, as in a container, even after it drops to `proxy`)."""
+    port = free_port()
+    pod = pod_manifest(CONFIG, CreateRequest(name="px-abc", port=port))
+    (container,) = pod["spec"]["containers"]
+    env = {e["name"]: e["value"] for e in container["env"]}
+    with tempfile.TemporaryDirectory(prefix="egressd-squid-") as tmp, trio.fail_after(20):
+        conf = Path(tmp) / "squid.conf"
+        command = container["command"][2].replace("/etc/squid/squid.conf", str(conf))
+        assert command != container["command"][2]
+        listeners = await nursery.start(trio.serve_tcp, serve_204, 0)
+        target = listeners[0].socket.getsockname()[1]
+        proc = await trio.lowlevel.open_process(
+            [*container["command"][:2], command], env={**os.environ, **env},
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        assert proc.stdout is not None and proc.stderr is not None
+        stdout, stderr = bytearray(), bytearray()
+        logged = trio.Event()
+
+        async def drain(stream: trio.abc.ReceiveStream, into: bytearray) -> None:
+            async for chunk in stream:
+                into += chunk
+                if b"TCP_MISS/204" in stdout:
+                    logged.set()
+
+        try:
+            nursery.start_soon(drain, proc.stdout, stdout)
+            nursery.start_soon(drain, proc.stderr, stderr)
+            async with _until_up(proc, port, Path(tmp)):
+                assert conf.read_text() == env[CONF_ENV] + "\n"
+                stream = await trio.open_tcp_stream("127.0.0.1", port)
+                async with stream:
+                    answer = await exchange(stream, (
+                        f"GET http://127.0.0.1:{target}/generate_204 HTTP/1.1\r\n"
+                        f"Host: 127.0.0.1:{target}\r\nConnection: close\r\n\r\n").encode())
+                assert answer.startswith(b"HTTP/1.1 204"), answer
+                await logged.wait()
+        finally:
+            proc.kill()
+            with trio.CancelScope(shield=True):
+                await proc.wait()
+    assert b"FATAL" not in stderr and b"Cannot write log file" not in stderr, stderr.decode()
