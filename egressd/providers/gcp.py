@@ -67,16 +67,38 @@ _NAME_RE = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
 _MACHINE_TYPE_RE = re.compile(r"^[a-z0-9][-a-z0-9]*$")
 _LABEL_RE = re.compile(r"^[a-z0-9_-]{0,63}$")
 
-# Error reasons (HTTP errors' `errors[].reason`, operations' `errors[].code`)
-# meaning "out of quota or capacity": retry in 5 min, not in a second (SPEC §4).
-# Compute Engine answers its per-project API rate limit with 403
-# rateLimitExceeded, which is a quota too.
+# Error reasons (HTTP errors' `errors[].reason` and `details[].reason`,
+# operations' `errors[].code`) meaning "out of quota or capacity": retry in
+# 5 min, not in a second (SPEC §4). A resource quota answers 403 quotaExceeded
+# ("Quota 'CPUS' exceeded") or an insert operation fails with QUOTA_EXCEEDED;
+# a stock-out fails the operation with ZONE_RESOURCE_POOL_EXHAUSTED[_WITH_DETAILS]
+# (httpErrorStatusCode 503).
 _QUOTA_REASONS = frozenset({
-    "quotaExceeded", "QUOTA_EXCEEDED", "rateLimitExceeded", "userRateLimitExceeded",
-    "dailyLimitExceeded", "ZONE_RESOURCE_POOL_EXHAUSTED",
-    "ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS", "RESOURCE_EXHAUSTED",
+    "quotaExceeded", "QUOTA_EXCEEDED", "dailyLimitExceeded", "ZONE_RESOURCE_POOL_EXHAUSTED",
+    "ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS",
 })
+# The API's per-minute request limits: 403 rateLimitExceeded ("Quota exceeded
+# for quota group 'ReadGroup' and limit 'Read requests per 100 seconds'") or
+# 429 RESOURCE_EXHAUSTED with reason rateLimitExceeded. The window is a minute
+# or so, so these are transient (SPEC §4: 429 → transient), not a 5-min quota.
+_RATE_REASONS = frozenset({
+    "rateLimitExceeded", "userRateLimitExceeded", "RATE_LIMIT_EXCEEDED",
+    "RESOURCE_OPERATION_RATE_EXCEEDED",
+})
+# The gRPC-style `error.status` for either of the above; alone (no reason we
+# know) it is taken as a quota unless the answer was a 429.
+_RESOURCE_EXHAUSTED = "RESOURCE_EXHAUSTED"
+# 400 resourceNotReady: the VM is mid-operation (a delete while its insert
+# still runs). It clears by itself, so it is transient, not a bad request.
+_NOT_READY_REASONS = frozenset({"resourceNotReady", "RESOURCE_NOT_READY"})
 _ALREADY_EXISTS = frozenset({"alreadyExists", "RESOURCE_ALREADY_EXISTS"})
+
+# Compute Engine refuses a metadata value over 256 KiB.
+MAX_METADATA_VALUE_BYTES = 256 * 1024
+# Lines of a cloud-init shorter than this are not redacted from error
+# messages: they are too common ("runcmd:") to be worth mangling a message for.
+_MIN_REDACTED_LINE = 6
+REDACTED = "<cloud-init redacted>"
 
 _STATES = {
     "PROVISIONING": InstanceState.PROVISIONING,
@@ -230,10 +252,16 @@ def classify(status: int, reasons: set[str], message: str, *,
     """The provider error for an HTTP status and the error reasons Google sent."""
     if reasons & _QUOTA_REASONS:
         return QuotaExceeded(message, retry_after=max(retry_after or 0.0, QUOTA_RETRY_AFTER))
+    if status == 429 or reasons & _RATE_REASONS:
+        return Transient(message, retry_after=retry_after)
+    if _RESOURCE_EXHAUSTED in reasons:
+        return QuotaExceeded(message, retry_after=max(retry_after or 0.0, QUOTA_RETRY_AFTER))
     if status == 404:
         return NotFound(message)
     if status == 409 and reasons & _ALREADY_EXISTS:
         return _AlreadyExists(message)
+    if reasons & _NOT_READY_REASONS:
+        return Transient(message, retry_after=retry_after)
     # 401: google-auth refreshes tokens itself, so one that still fails is a
     # metadata-server or clock hiccup more often than a revoked key.
     if status in (401, 408, 409, 412, 429) or status >= 500:
@@ -251,24 +279,68 @@ def _retry_after(resp: Any) -> float | None:
         return None
 
 
-def error_from_http(exc: HttpError, what: str) -> ProviderError:
-    """Map a client library `HttpError`: status plus `error.errors[].reason`."""
+# "Invalid value for field 'resource.metadata': '<the value>'. <why>"
+_METADATA_VALUE = re.compile(r"(field '[^']*metadata[^']*'): '.*'", re.DOTALL)
+
+
+def redact(text: str, secret: str) -> str:
+    """`text` with every trace of `secret` (a cloud-init) replaced (SPEC §8).
+
+    Compute Engine echoes an invalid field's value in its message ("Invalid
+    value for field 'resource.metadata': '...'"), raw or JSON-escaped and
+    perhaps cut short, so the whole text, its escaped forms and each of its
+    lines are replaced, and a quoted metadata value is dropped whatever it holds.
+    """
+    if not secret:
+        return text
+    text = _METADATA_VALUE.sub(rf"\1: '{REDACTED}'", text)
+    pieces = {secret, *(line.strip() for line in secret.splitlines())}
+    forms: set[str] = set()
+    for piece in pieces:
+        if len(piece) < _MIN_REDACTED_LINE:
+            continue
+        forms.update({piece, json.dumps(piece)[1:-1],
+                      json.dumps(piece, ensure_ascii=False)[1:-1]})
+        forms.add(json.dumps(piece, ensure_ascii=False)[1:-1].replace("'", "\\'"))
+    for form in sorted(forms, key=len, reverse=True):  # longest first: whole before lines
+        text = text.replace(form, REDACTED)
+    return text
+
+
+
+def error_from_http(exc: HttpError, what: str, *, secret: str = "") -> ProviderError:
+    """Map a client library `HttpError`: status plus the reasons in `error`.
+
+    `secret` (the cloud-init of an insert) is redacted from the message and,
+    if it was there, from `exc` itself, which stays attached as the cause.
+    """
     status = int(getattr(exc.resp, "status", 0) or 0)
     reasons: set[str] = set()
     message = ""
     try:
         error = json.loads(exc.content.decode("utf-8")).get("error", {})
         message = str(error.get("message", ""))
-        reasons = {str(e.get("reason", "")) for e in error.get("errors") or ()}
+        entries = [*(error.get("errors") or ()), *(error.get("details") or ())]
+        reasons = {str(e.get("reason", "")) for e in entries if isinstance(e, dict)}
         if error.get("status"):
             reasons.add(str(error["status"]))
     except (ValueError, AttributeError, TypeError):
         pass
-    text = f"{what}: HTTP {status}" + (f": {message}" if message else "")
+    reasons.discard("")
+    clean = redact(message, secret)
+    body = exc.content.decode("utf-8", "replace")
+    if secret and redact(body, secret) != body:
+        # The HttpError's str() (printed with any traceback) holds the body.
+        exc.content = json.dumps({"error": {"code": status, "message": clean, "errors": [
+            {"reason": r} for r in sorted(reasons)]}}).encode()
+        exc.reason = clean
+        exc.error_details = ""
+    text = f"{what}: HTTP {status}" + (f": {clean}" if clean else "")
     return classify(status, reasons, text, retry_after=_retry_after(exc.resp))
 
 
-def error_from_operation(op: Mapping[str, Any], what: str) -> ProviderError | None:
+def error_from_operation(op: Mapping[str, Any], what: str, *,
+                         secret: str = "") -> ProviderError | None:
     """The error a finished zone operation carries, or None if it succeeded."""
     errors = (op.get("error") or {}).get("errors") or ()
     if not errors:
@@ -276,7 +348,7 @@ def error_from_operation(op: Mapping[str, Any], what: str) -> ProviderError | No
     codes = {str(e.get("code", "")) for e in errors}
     messages = "; ".join(str(e.get("message", e.get("code", ""))) for e in errors)
     status = int(op.get("httpErrorStatusCode") or 400)
-    err = classify(status, codes, f"{what}: {messages}")
+    err = classify(status, codes, f"{what}: {redact(messages, secret)}")
     if isinstance(err, NotFound):
         # The operation's subject exists; a 404 here is a missing image,
         # network or machine type the request refers to.
@@ -375,27 +447,31 @@ class GcpProvider:
         for http in https:
             http.close()
 
-    def _execute(self, build: Callable[[Any], Any], what: str) -> Any:
+    def _execute(self, build: Callable[[Any], Any], what: str, secret: str) -> Any:
         """Run in a worker thread: build the request, execute it, map its errors."""
         try:
             return build(self._compute).execute(http=self._http(), num_retries=0)
         except HttpError as exc:
-            raise error_from_http(exc, what) from exc
+            raise error_from_http(exc, what, secret=secret) from exc
         except (OSError, httplib2.HttpLib2Error, google.auth.exceptions.GoogleAuthError,
                 ValueError) as exc:
             raise Transient(f"{what}: {type(exc).__name__}: {exc}") from exc
 
-    async def _call(self, build: Callable[[Any], Any], what: str) -> Any:
+    async def _call(self, build: Callable[[Any], Any], what: str, *, secret: str = "") -> Any:
         # abandon_on_cancel: shutdown need not wait for a slow call; the thread
         # keeps its limiter token until the call ends (at most HTTP_TIMEOUT).
         return await trio.to_thread.run_sync(
-            self._execute, build, what, limiter=self._limiter, abandon_on_cancel=True)
+            self._execute, build, what, secret, limiter=self._limiter, abandon_on_cancel=True)
 
     # -- the contract
 
     async def create(self, request: CreateRequest, /) -> Instance:
         if not _NAME_RE.match(request.name):
             raise Permanent(f"name: {request.name!r} is not a valid Compute Engine name")
+        size = len(request.cloud_init.encode())
+        if size > MAX_METADATA_VALUE_BYTES:
+            raise Permanent(f"cloud_init: {size} bytes is more than Compute Engine's "
+                            f"{MAX_METADATA_VALUE_BYTES} per metadata value")
         target = resolve_target(self.config, request.placement, project=self.project)
         body = insert_body(self.config, request, target)
         pid = provider_id(target.project, target.zone, request.name)
@@ -403,26 +479,40 @@ class GcpProvider:
         try:
             op = await self._call(
                 lambda c: c.instances().insert(project=target.project, zone=target.zone,
-                                               body=body), what)
-            await self._wait(target.project, target.zone, op, what)
+                                               body=body), what, secret=request.cloud_init)
+            await self._wait(target.project, target.zone, op, what, secret=request.cloud_init)
         except _AlreadyExists:
+            # Idempotent by name: a synchronous 409, or an insert operation that
+            # lost a race with another insert of the same name.
             log.info("instance %s already exists; adopting it", pid)
-        return await self.get(pid)
+        except NotFound as exc:
+            # The insert names no VM yet: a 404 is its project or zone missing.
+            raise Permanent(f"{exc.message} (check gcp.project {target.project!r} and "
+                            f"the zone {target.zone!r})") from exc
+        try:
+            return await self.get(pid)
+        except NotFound as exc:
+            # Accepted or adopted, then gone (deleted meanwhile): create again later.
+            raise Transient(f"{what}: the instance vanished after the insert") from exc
 
-    async def _wait(self, project: str, zone: str, op: Mapping[str, Any], what: str) -> None:
+    async def _wait(self, project: str, zone: str, op: Mapping[str, Any], what: str, *,
+                    secret: str) -> None:
         """Poll the zone operation until DONE and raise its error; give up at the deadline."""
         with trio.move_on_after(self._operation_timeout):
             while op.get("status") != "DONE":
                 await trio.sleep(self._poll_interval)
                 name = str(op["name"])
-                op = await self._call(
-                    functools.partial(_operation_get, project=project, zone=zone, name=name),
-                    f"{what}: operation {name}")
+                try:
+                    op = await self._call(
+                        functools.partial(_operation_get, project=project, zone=zone,
+                                          name=name), f"{what}: operation {name}")
+                except NotFound:
+                    break  # operations expire; the instance itself tells the rest
         if op.get("status") != "DONE":
-            log.info("%s: operation %s still running; polling the instance instead",
+            log.info("%s: operation %s not followed to the end; polling the instance instead",
                      what, op.get("name"))
             return
-        err = error_from_operation(op, what)
+        err = error_from_operation(op, what, secret=secret)
         if err is not None:
             raise err
 

@@ -3,10 +3,13 @@
 It speaks just enough of compute/v1 for the real google-api-python-client:
 instances insert / get / delete / list, aggregated list with a label
 `filter` and paging, zone operations get / wait, and Google-style error
-bodies. Tests steer it directly: `start()` a VM (RUNNING with a NAT IP),
-`set_status()`, hold operations RUNNING, fail the next insert operation, or
-`inject()` an HTTP error (403 quota, 429, 500) for matching requests.
-Every request is recorded in `requests` for assertions.
+bodies. Like the real API, a delete while the VM's insert operation is still
+running is refused with 400 resourceNotReady. Tests steer it directly:
+`start()` a VM (RUNNING with a NAT IP), `set_status()`, hold operations
+RUNNING, fail the next insert operation, or `inject()` an HTTP error (403
+quota, 429 RESOURCE_EXHAUSTED, 500, or a 400 that echoes the metadata the
+way Compute Engine echoes an invalid field's value) for matching requests.
+Every request is recorded in `requests`, with the TCP connection it came on.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ class Recorded:
     path: str
     query: Mapping[str, str]
     body: Any
+    connection: int
 
 
 @attrs.define
@@ -49,6 +53,10 @@ class Fault:
     path_re: re.Pattern[str] | None
     times: int
     retry_after: int | None
+    # The gRPC-style `error.status` newer Google front ends add (RESOURCE_EXHAUSTED).
+    status_text: str | None = None
+    # Append "Invalid value for field 'resource.metadata': '<the request's metadata>'".
+    echo_metadata: bool = False
 
 
 @attrs.define
@@ -65,6 +73,7 @@ class FakeCompute:
     # Set: the next insert's operation fails with these `errors` (no instance is made).
     insert_operation_error: dict[str, Any] | None = None
     _ids: itertools.count[int] = attrs.field(factory=lambda: itertools.count(1))
+    _connections: itertools.count[int] = attrs.field(factory=lambda: itertools.count(1))
     _arrived: trio.Event = attrs.field(factory=trio.Event)
 
     @property
@@ -75,10 +84,12 @@ class FakeCompute:
 
     def inject(self, status: int, reason: str, *, message: str = "injected",
                method: str | None = None, path: str | None = None, times: int = 1,
-               retry_after: int | None = None) -> None:
+               retry_after: int | None = None, status_text: str | None = None,
+               echo_metadata: bool = False) -> None:
         """Answer the next `times` matching requests with a Google-style error."""
         self.faults.append(Fault(status, reason, message, method,
-                                 re.compile(path) if path else None, times, retry_after))
+                                 re.compile(path) if path else None, times, retry_after,
+                                 status_text, echo_metadata))
 
     def instance(self, project: str, zone: str, name: str) -> dict[str, Any]:
         return self.instances[(project, zone, name)]
@@ -98,6 +109,12 @@ class FakeCompute:
         ip = f"203.0.113.{next(self._ids) % 250 + 1}"
         self.set_status(project, zone, name, "RUNNING", ip)
         return ip
+
+    def add_instance(self, project: str, zone: str, body: dict[str, Any]) -> None:
+        """Make an instance as if another client had inserted it (its operation DONE)."""
+        status, _, op = self._insert(project, zone, body)
+        assert status == 200, op
+        op["status"] = "DONE"
 
     def finish_operations(self) -> None:
         for op in self.operations.values():
@@ -123,6 +140,7 @@ class FakeCompute:
 
     async def _connection(self, stream: trio.SocketStream) -> None:
         conn = h11.Connection(h11.SERVER)
+        connection = next(self._connections)
         try:
             while True:
                 request: h11.Request | None = None
@@ -143,7 +161,7 @@ class FakeCompute:
                         return
                 assert request is not None
                 status, headers, payload = self._handle(
-                    request.method.decode(), request.target.decode(), body)
+                    request.method.decode(), request.target.decode(), body, connection)
                 data = json.dumps(payload).encode()
                 await stream.send_all(conn.send(h11.Response(status_code=status, headers=[
                     ("content-type", "application/json; charset=UTF-8"),
@@ -160,12 +178,12 @@ class FakeCompute:
 
     # -- the API
 
-    def _handle(self, method: str, target: str, raw: bytes) -> tuple[int, list[tuple[str, str]],
-                                                                     Any]:
+    def _handle(self, method: str, target: str, raw: bytes,
+                connection: int) -> tuple[int, list[tuple[str, str]], Any]:
         url = urlsplit(target)
         query = {k: v[-1] for k, v in parse_qs(url.query).items()}
         body = json.loads(raw) if raw else None
-        self.requests.append(Recorded(method, url.path, query, body))
+        self.requests.append(Recorded(method, url.path, query, body, connection))
         self._arrived.set()
         self._arrived = trio.Event()
         for fault in self.faults:
@@ -173,7 +191,15 @@ class FakeCompute:
                     and (fault.path_re is None or fault.path_re.search(url.path))):
                 fault.times -= 1
                 headers = [("retry-after", str(fault.retry_after))] if fault.retry_after else []
-                return fault.status, headers, _error(fault.status, fault.reason, fault.message)
+                message = fault.message
+                if fault.echo_metadata and isinstance(body, dict):
+                    # Compute Engine's wording, with the value rendered as it does.
+                    message = (f"Invalid value for field 'resource.metadata': "
+                               f"'{json.dumps(body.get('metadata'), indent=2)}'. {message}")
+                error = _error(fault.status, fault.reason, message)
+                if fault.status_text:
+                    error["error"]["status"] = fault.status_text
+                return fault.status, headers, error
         if not url.path.startswith(PREFIX):
             return 404, [], _error(404, "notFound", f"no route {url.path}")
         parts = url.path[len(PREFIX):].strip("/").split("/")
@@ -187,8 +213,12 @@ class FakeCompute:
                     return _not_found(f"projects/{p}/zones/{z}/instances/{n}")
                 return 200, [], self.instances[(p, z, n)]
             case ["projects", p, "zones", z, "instances", n], "DELETE":
-                if self.instances.pop((p, z, n), None) is None:
+                if (p, z, n) not in self.instances:
                     return _not_found(f"projects/{p}/zones/{z}/instances/{n}")
+                if self._pending_insert(p, z, n):
+                    return 400, [], _error(400, "resourceNotReady", f"The resource 'projects/"
+                                           f"{p}/zones/{z}/instances/{n}' is not ready")
+                del self.instances[(p, z, n)]
                 return 200, [], self._operation(p, z, "delete", n)
             case ["projects", p, "aggregated", "instances"], "GET":
                 return self._list(p, query, zone=None)
@@ -247,6 +277,12 @@ class FakeCompute:
         }
         self.operations[(project, zone, op_name)] = op
         return op
+
+    def _pending_insert(self, project: str, zone: str, name: str) -> bool:
+        target = (f"https://www.googleapis.com/compute/v1/projects/{project}/zones/{zone}"
+                  f"/instances/{name}")
+        return any(op["operationType"] == "insert" and op["targetLink"] == target
+                   and op["status"] != "DONE" for op in self.operations.values())
 
     def _get_operation(self, project: str, zone: str,
                        name: str) -> tuple[int, list[tuple[str, str]], Any]:

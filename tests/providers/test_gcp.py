@@ -8,6 +8,8 @@ the trio loop, so a call that blocked the loop would deadlock these tests.
 
 from __future__ import annotations
 
+import json
+import logging
 import socket
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -36,6 +38,7 @@ from egressd.providers.gcp import (
     instance_state,
     label_filter,
     parse_provider_id,
+    redact,
     resolve_target,
 )
 from tests.providers.conftest import PROJECT, ZONE
@@ -139,7 +142,9 @@ def test_label_filter_is_an_and_of_terms() -> None:
 
 @pytest.mark.parametrize(("codes", "status", "kind"), [
     (["ZONE_RESOURCE_POOL_EXHAUSTED"], 503, QuotaExceeded),
+    (["ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS"], 503, QuotaExceeded),
     (["QUOTA_EXCEEDED"], 403, QuotaExceeded),
+    (["RESOURCE_OPERATION_RATE_EXCEEDED"], 403, Transient),
     (["RESOURCE_NOT_FOUND"], 404, Permanent),  # a missing image, not a missing VM
     (["INVALID_FIELD_VALUE"], 400, Permanent),
     (["INTERNAL_ERROR"], 500, Transient),
@@ -241,19 +246,30 @@ async def test_failed_insert_operation(gcp: GcpProvider, fake_compute: FakeCompu
     assert fake_compute.instances == {}
 
 
-@pytest.mark.parametrize(("status", "reason", "kind"), [
-    (403, "quotaExceeded", QuotaExceeded),
-    (403, "rateLimitExceeded", QuotaExceeded),
-    (403, "forbidden", Permanent),
-    (400, "invalid", Permanent),
-    (429, "tooManyRequests", Transient),
-    (500, "backendError", Transient),
-    (503, "backendError", Transient),
+# Reasons and statuses as Compute Engine sends them (see the comments in gcp.py):
+# "Quota 'CPUS' exceeded" is 403 quotaExceeded; the API's request-rate limit is
+# 403 rateLimitExceeded or 429 RESOURCE_EXHAUSTED/rateLimitExceeded; a delete
+# racing an insert is 400 resourceNotReady.
+@pytest.mark.parametrize(("status", "reason", "status_text", "kind"), [
+    (403, "quotaExceeded", None, QuotaExceeded),
+    (403, "quotaExceeded", "PERMISSION_DENIED", QuotaExceeded),
+    (403, "rateLimitExceeded", None, Transient),
+    (403, "userRateLimitExceeded", None, Transient),
+    (429, "rateLimitExceeded", "RESOURCE_EXHAUSTED", Transient),
+    (429, "tooManyRequests", None, Transient),
+    (403, "forbidden", None, Permanent),
+    (403, "accessNotConfigured", None, Permanent),
+    (400, "invalid", None, Permanent),
+    (400, "resourceNotReady", None, Transient),
+    (404, "notFound", None, Permanent),  # an insert's 404: its project or zone is missing
+    (500, "backendError", None, Transient),
+    (503, "backendError", None, Transient),
 ])
 async def test_http_errors_map_to_kinds(gcp: GcpProvider, fake_compute: FakeCompute,
-                                        status: int, reason: str, kind: type[Exception]) -> None:
+                                        status: int, reason: str, status_text: str | None,
+                                        kind: type[Exception]) -> None:
     fake_compute.inject(status, reason, message=f"{reason} says no", method="POST",
-                        retry_after=7 if status == 429 else None)
+                        retry_after=7 if status == 429 else None, status_text=status_text)
     with trio.fail_after(20):
         with pytest.raises(kind, match=f"HTTP {status}: {reason} says no") as info:
             await gcp.create(request())
@@ -310,3 +326,119 @@ async def test_list_spans_zones_and_pages(fake_compute: FakeCompute,
     assert sorted(i.name for i in found) == [f"px-mine-{i}" for i in range(5)]
     assert {i.provider_id.split("/")[1] for i in found} == set(zones)
     assert fake_compute.count("GET", "/aggregated/instances$") == 3  # pages of 2
+
+
+async def test_insert_operation_that_lost_a_race_adopts_the_winner(
+        gcp: GcpProvider, fake_compute: FakeCompute) -> None:
+    """Two inserts of one name both accepted: the loser's operation ends in
+    RESOURCE_ALREADY_EXISTS (409), and create adopts the instance."""
+    fake_compute.auto_finish = False
+    fake_compute.insert_operation_error = {"errors": [{
+        "code": "RESOURCE_ALREADY_EXISTS", "message": "The resource already exists"}],
+        "httpErrorStatusCode": 409}
+    with trio.fail_after(20):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(gcp.create, request())
+            await fake_compute.wait_for("GET", "/operations/")
+            # The other insert's instance, made while ours was pending.
+            winner = insert_body(gcp.config, request(), resolve_target(
+                gcp.config, Placement(), project=PROJECT))
+            fake_compute.add_instance(PROJECT, ZONE, winner)
+            ip = fake_compute.start(PROJECT, ZONE, "px-abcdefghijklmnop")
+            fake_compute.finish_operations()
+        adopted = await gcp.get(f"{PROJECT}/{ZONE}/px-abcdefghijklmnop")
+    assert (adopted.state, adopted.ip) == (InstanceState.RUNNING, ip)
+    assert fake_compute.count("POST", "/instances$") == 1
+
+
+async def test_delete_while_the_insert_runs_is_transient_then_succeeds(
+        fake_compute: FakeCompute, gcp_factory: Callable[..., GcpProvider]) -> None:
+    fake_compute.auto_finish = False
+    gcp = gcp_factory(operation_timeout=0.05, operation_poll_interval=0.01)
+    with trio.fail_after(20):
+        created = await gcp.create(request())
+        assert created.state is InstanceState.PROVISIONING
+        with pytest.raises(Transient, match=r"HTTP 400: .* is not ready"):
+            await gcp.delete(created.provider_id)
+        fake_compute.finish_operations()
+        await gcp.delete(created.provider_id)
+    assert fake_compute.instances == {}
+
+
+async def test_cloud_init_echoed_by_the_api_is_redacted(
+        gcp: GcpProvider, fake_compute: FakeCompute, caplog: pytest.LogCaptureFixture) -> None:
+    secret = "#cloud-config\nchpasswd:\n  list: |\n    root:hunter2-s3cret\n"
+    fake_compute.inject(400, "invalid", message="Metadata has duplicate keys.", method="POST",
+                        echo_metadata=True)
+    caplog.set_level(logging.DEBUG)
+    with trio.fail_after(20), pytest.raises(Permanent) as info:
+        await gcp.create(CreateRequest(name="px-leaky", cloud_init=secret, labels=LABELS))
+    err = info.value
+    assert "hunter2" in fake_compute.requests[-1].body["metadata"]["items"][0]["value"]
+    for text in (str(err), repr(err), str(err.cause), repr(err.cause), caplog.text):
+        assert "hunter2" not in text, text
+    assert "Invalid value for field 'resource.metadata'" in str(err)
+    assert "Metadata has duplicate keys." in str(err)
+
+
+def test_redact_finds_raw_escaped_and_partial_copies() -> None:
+    secret = "#cloud-config\nusers:\n  - name: ops\n    passwd: 'pa\"ss-w0rd'\n"
+    echoed = [
+        f"bad value {secret}",
+        f"bad value {json.dumps(secret)}",
+        "bad value 'passwd: \\'pa\\\"ss-w0rd\\''",  # a proto-text escaped line
+        "Invalid value for field 'resource.metadata.items[0].value': '#cloud-config\\nusers:"
+        " (truncated)'. Value is too large.",
+    ]
+    for text in echoed:
+        clean = redact(text, secret)
+        assert "ss-w0rd" not in clean and "users:" not in clean, clean
+        assert clean.startswith(("bad value ", "Invalid value for field")), clean
+    assert redact("nothing here", secret) == "nothing here"
+    assert redact("x", "") == "x"
+
+
+async def test_oversized_cloud_init_is_permanent_before_any_request(
+        gcp: GcpProvider, fake_compute: FakeCompute) -> None:
+    big = "#cloud-config\n" + "# padding\n" * 30_000
+    with trio.fail_after(20), pytest.raises(Permanent, match=r"^cloud_init: \d+ bytes"):
+        await gcp.create(CreateRequest(name="px-big", cloud_init=big))
+    assert fake_compute.requests == []
+
+
+async def test_placement_it_cannot_honour_never_reaches_the_api(
+        gcp: GcpProvider, fake_compute: FakeCompute) -> None:
+    with trio.fail_after(20):
+        with pytest.raises(Permanent, match=r"^placement\.zone: "):
+            await gcp.create(request(placement=Placement(zone="europe")))
+        with pytest.raises(Permanent, match=r"^placement\.region: "):
+            await gcp.create(request(placement=Placement(region="us-east1")))
+    assert fake_compute.requests == []
+
+
+async def test_each_worker_thread_has_its_own_http_connection(
+        fake_compute: FakeCompute, gcp_factory: Callable[..., GcpProvider]) -> None:
+    """httplib2 is not thread-safe: concurrent calls run on distinct threads, each
+    with its own authorized HTTP object (and so its own keep-alive connection)."""
+    gcp = gcp_factory(limiter=trio.CapacityLimiter(6))
+    names = [f"px-vm-{i}" for i in range(6)]
+    for name in names:
+        fake_compute.add_instance(PROJECT, ZONE, insert_body(gcp.config, request(name),
+                                  resolve_target(gcp.config, Placement(), project=PROJECT)))
+        fake_compute.start(PROJECT, ZONE, name)
+    got: dict[str, str] = {}
+
+    async def read(name: str) -> None:
+        got[name] = (await gcp.get(f"{PROJECT}/{ZONE}/{name}")).name
+
+    with trio.fail_after(20):
+        for _ in range(4):
+            async with trio.open_nursery() as nursery:
+                for name in names:
+                    nursery.start_soon(read, name)
+    assert got == {name: name for name in names}
+    https = gcp._https
+    # Six calls in flight at once run on six threads, so at least six objects.
+    assert len(https) >= 6 and len({id(h) for h in https}) == len(https)
+    # Each object keeps one connection alive across its thread's calls.
+    assert len({r.connection for r in fake_compute.requests}) == len(https)
