@@ -10,6 +10,10 @@ The bearer token is the one moving part: `Credentials` caches the header and
 asks the loader's refresh hook again at most once per `refresh_interval`
 (exec plugins re-run near expiry, the in-cluster token file is re-read on
 rotation), and `reload()` re-runs the whole loader after a 401.
+
+The package runs exec plugins with no timeout, so every loader call is
+abandoned on cancellation (shutdown never waits for a hung plugin) and a
+refresh gives up after `refresh_timeout`, keeping the last token.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import attrs
 import trio
 import yaml
 
-from egressd.errors import ConfigError
+from egressd.errors import ConfigError, EgressdError
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +39,13 @@ SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 # early and the in-cluster loader re-reads its file once a minute: asking more
 # often than this only re-runs exec plugins for nothing (NOTES.md).
 DEFAULT_REFRESH_INTERVAL = 60.0
+# How long a refresh or reload may take (an exec plugin fetching a token over
+# the network) before the last token is used again.
+DEFAULT_REFRESH_TIMEOUT = 30.0
+
+
+class CredentialRefreshTimeout(EgressdError):
+    """A token refresh or reload took longer than its timeout (a hung exec plugin)."""
 
 
 def _normalize_auth(value: str | None) -> str | None:
@@ -64,10 +75,12 @@ class Credentials:
         configuration: Any,
         *,
         refresh_interval: float = DEFAULT_REFRESH_INTERVAL,
+        refresh_timeout: float = DEFAULT_REFRESH_TIMEOUT,
     ) -> None:
         self._load = load
         self._configuration = configuration
         self._refresh_interval = refresh_interval
+        self._refresh_timeout = refresh_timeout
         self._header: str | None = None
         self._fetched_at: float | None = None
         self._generation = 0
@@ -76,6 +89,18 @@ class Credentials:
 
     def __repr__(self) -> str:
         return "<Credentials>"
+
+    async def _in_thread(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run a blocking loader call; abandoned (not awaited) on cancel or timeout.
+
+        The one-thread limiter keeps an abandoned call that is still running
+        from overlapping the next one (they share the Configuration).
+        """
+        with trio.move_on_after(self._refresh_timeout):
+            return await trio.to_thread.run_sync(
+                fn, *args, limiter=self._limiter, abandon_on_cancel=True)
+        raise CredentialRefreshTimeout(
+            f"no answer within {self._refresh_timeout:g} s (a hung exec plugin?)")
 
     @property
     def generation(self) -> int:
@@ -89,8 +114,7 @@ class Credentials:
             if self._fetched_at is None or now - self._fetched_at >= self._refresh_interval:
                 cfg = self._configuration
                 try:
-                    raw = await trio.to_thread.run_sync(
-                        cfg.get_api_key_with_prefix, "BearerToken", limiter=self._limiter)
+                    raw = await self._in_thread(cfg.get_api_key_with_prefix, "BearerToken")
                 except Exception as exc:
                     # A token file caught mid-rotation or a failing exec plugin:
                     # keep the last token; a 401 will force a full reload.
@@ -110,9 +134,8 @@ class Credentials:
         async with self._lock:
             if self._generation == seen_generation:
                 try:
-                    cfg = await trio.to_thread.run_sync(self._load, limiter=self._limiter)
-                    raw = await trio.to_thread.run_sync(
-                        cfg.get_api_key_with_prefix, "BearerToken", limiter=self._limiter)
+                    cfg = await self._in_thread(self._load)
+                    raw = await self._in_thread(cfg.get_api_key_with_prefix, "BearerToken")
                 except Exception as exc:
                     # ConfigError from the loader, or whatever its refresh hook
                     # raises: the caller sees the 401 it already has.
@@ -166,7 +189,7 @@ def _read_optional(path: str | None) -> str | None:
 
 def _from_configuration(
     cfg: Any, *, load: Callable[[], Any], namespace: str | None, source: str,
-    refresh_interval: float,
+    refresh_interval: float, refresh_timeout: float,
 ) -> KubeConfig:
     try:
         ca_data = _read_optional(cfg.ssl_ca_cert)
@@ -183,7 +206,8 @@ def _from_configuration(
         proxy_url=cfg.proxy or None,
         namespace=namespace,
         source=source,
-        credentials=Credentials(load, cfg, refresh_interval=refresh_interval),
+        credentials=Credentials(load, cfg, refresh_interval=refresh_interval,
+                                refresh_timeout=refresh_timeout),
     )
 
 
@@ -223,7 +247,7 @@ def _context_namespace(path: str, context: str | None) -> str | None:
 
 
 def _load_kubeconfig_sync(
-    path: str, context: str | None, refresh_interval: float
+    path: str, context: str | None, refresh_interval: float, refresh_timeout: float
 ) -> KubeConfig:
     source = f"kubeconfig {path}" + (f" (context {context})" if context else "")
     for one in path.split(os.pathsep):
@@ -234,12 +258,12 @@ def _load_kubeconfig_sync(
     cfg = load()
     return _from_configuration(
         cfg, load=load, namespace=_context_namespace(expanded, context), source=source,
-        refresh_interval=refresh_interval)
+        refresh_interval=refresh_interval, refresh_timeout=refresh_timeout)
 
 
 def _load_incluster_sync(
     *, environ: Mapping[str, str], token_file: str, ca_file: str, namespace_file: str | None,
-    refresh_interval: float,
+    refresh_interval: float, refresh_timeout: float,
 ) -> KubeConfig:
     source = "in-cluster config"
 
@@ -262,7 +286,8 @@ def _load_incluster_sync(
         with open(namespace_file) as f:
             namespace = f.read().strip() or None
     return _from_configuration(
-        cfg, load=load, namespace=namespace, source=source, refresh_interval=refresh_interval)
+        cfg, load=load, namespace=namespace, source=source, refresh_interval=refresh_interval,
+        refresh_timeout=refresh_timeout)
 
 
 def in_cluster(environ: Mapping[str, str]) -> bool:
@@ -277,12 +302,14 @@ async def load_incluster_config(
     ca_file: str = f"{SERVICE_ACCOUNT_DIR}/ca.crt",
     namespace_file: str | None = f"{SERVICE_ACCOUNT_DIR}/namespace",
     refresh_interval: float = DEFAULT_REFRESH_INTERVAL,
+    refresh_timeout: float = DEFAULT_REFRESH_TIMEOUT,
 ) -> KubeConfig:
     """The service account's config; raises ConfigError naming what is missing."""
     env = dict(os.environ if environ is None else environ)
     return await trio.to_thread.run_sync(lambda: _load_incluster_sync(
         environ=env, token_file=token_file, ca_file=ca_file, namespace_file=namespace_file,
-        refresh_interval=refresh_interval))
+        refresh_interval=refresh_interval, refresh_timeout=refresh_timeout),
+        abandon_on_cancel=True)
 
 
 async def load_config(
@@ -291,17 +318,21 @@ async def load_config(
     context: str | None,
     environ: Mapping[str, str] | None = None,
     refresh_interval: float = DEFAULT_REFRESH_INTERVAL,
+    refresh_timeout: float = DEFAULT_REFRESH_TIMEOUT,
 ) -> KubeConfig:
     """The connection to use (SPEC §9 `--kubeconfig`, `--context`).
 
     An explicit kubeconfig wins; without one, in-cluster config when the
     service environment is present, else `$KUBECONFIG`, else `~/.kube/config`.
     Raises ConfigError naming the file or context when it is missing, malformed
-    or names an unknown context.
+    or names an unknown context. Loading runs exec plugins with no timeout of
+    their own: bound it at the call site; a cancelled load is abandoned.
     """
     env = os.environ if environ is None else environ
     if kubeconfig is None and context is None and in_cluster(env):
-        return await load_incluster_config(environ=env, refresh_interval=refresh_interval)
+        return await load_incluster_config(environ=env, refresh_interval=refresh_interval,
+                                           refresh_timeout=refresh_timeout)
     path = kubeconfig or env.get("KUBECONFIG") or "~/.kube/config"
     return await trio.to_thread.run_sync(
-        lambda: _load_kubeconfig_sync(path, context, refresh_interval))
+        lambda: _load_kubeconfig_sync(path, context, refresh_interval, refresh_timeout),
+        abandon_on_cancel=True)

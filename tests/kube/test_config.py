@@ -165,6 +165,56 @@ async def test_exec_plugin_kubeconfig(ca: trustme.CA, tmp_path: Path) -> None:
     assert int(counter.read_text()) == runs
 
 
+HANGING_PLUGIN = """
+import json, pathlib, sys, time
+state = pathlib.Path(sys.argv[1])
+runs = state / "runs"
+n = int(runs.read_text()) + 1 if runs.exists() else 1
+runs.write_text(str(n))
+if (state / "hang").exists():  # like a plugin waiting on an unreachable token service
+    deadline = time.monotonic() + 20
+    while not (state / "release").exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    (state / "finished").write_text(str(n))
+print(json.dumps({"apiVersion": "client.authentication.k8s.io/v1beta1",
+                  "kind": "ExecCredential", "status": {"token": f"exec-{n}"}}))
+"""
+
+
+async def test_a_hung_exec_plugin_never_holds_up_requests_or_shutdown(
+    ca: trustme.CA, tmp_path: Path
+) -> None:
+    script = tmp_path / "plugin.py"
+    script.write_text(HANGING_PLUGIN)
+    path = write_kubeconfig(
+        tmp_path / "config", server="https://127.0.0.1:6443", ca_pem=ca.cert_pem.bytes(),
+        user={"exec": {"apiVersion": "client.authentication.k8s.io/v1beta1",
+                       "command": sys.executable, "args": [str(script), str(tmp_path)]}})
+    cfg = await load_config(kubeconfig=str(path), context=None, refresh_timeout=0.3)
+    credentials = cfg.credentials
+    first = await credentials.header()
+    assert first == "Bearer exec-1"
+    (tmp_path / "hang").touch()
+    try:
+        with trio.fail_after(10):
+            # A 401's reload: the plugin hangs, the reload gives up and the
+            # last token stays in use.
+            assert await credentials.reload(seen_generation=credentials.generation) == first
+            assert not (tmp_path / "finished").exists()
+            # A cancelled caller (shutdown) does not wait for the plugin either.
+            with trio.move_on_after(0.1) as cancelled:
+                await credentials.reload(seen_generation=credentials.generation)
+            assert cancelled.cancelled_caught
+            assert not (tmp_path / "finished").exists()
+    finally:
+        (tmp_path / "release").touch()
+    (tmp_path / "hang").unlink()
+    with trio.fail_after(10):
+        # Once the plugin answers, the next reload gets a fresh token.
+        renewed = await credentials.reload(seen_generation=credentials.generation)
+    assert renewed is not None and renewed != first
+
+
 def _incluster_files(tmp_path: Path, ca: trustme.CA, token: str) -> tuple[Path, Path, Path]:
     token_file = tmp_path / "token"
     token_file.write_text(token)
