@@ -120,9 +120,11 @@ class KubeClient:
         replayed_401 = False
         while True:
             attempt += 1
-            generation = credentials.generation
             headers = {"Accept": "application/json"}
             auth = await credentials.header()
+            # Read after header(): no checkpoint in between, so a 401 to this
+            # request can tell whether a reload happened since its token.
+            generation = credentials.generation
             if auth:
                 headers["Authorization"] = auth
             if content is not None:
@@ -361,7 +363,8 @@ async def open_client(
 ) -> AsyncIterator[KubeClient]:
     """A KubeClient owning one connection pool for the life of the block."""
     try:
-        ctx = ssl_context(config)
+        # Reads the CA bundle and client key files: blocking, so in a thread.
+        ctx = await trio.to_thread.run_sync(ssl_context, config)
     except (OSError, ssl.SSLError) as exc:
         from egressd.errors import ConfigError
 

@@ -158,6 +158,28 @@ async def test_retry_after_wins_when_longer(kube_client: KubeClient,
         apiserver.faults.clear()
 
 
+def test_retry_delay_boundaries() -> None:
+    policy = RetryPolicy(attempts=9, base_delay=1.0, max_delay=8.0, max_retry_after=20.0)
+    for attempt, base in [(1, 1.0), (2, 2.0), (3, 4.0), (4, 8.0), (5, 8.0), (9, 8.0)]:
+        for _ in range(20):
+            assert 0.8 * base <= policy.delay(attempt) <= 1.2 * base
+    # A Retry-After shorter than the backoff does not shorten it.
+    assert policy.delay(4, 0.5) >= 0.8 * 8.0
+    assert policy.delay(2, 0.0) >= 0.8 * 2.0
+    # A longer one wins, up to max_retry_after.
+    assert policy.delay(1, 5.0) == 5.0
+    assert policy.delay(4, 15.0) == 15.0
+    assert policy.delay(1, 600.0) == 20.0
+
+
+@pytest.mark.parametrize(("header", "seconds"), [
+    (None, None), ("3", 3.0), (" 1.5 ", 1.5), ("0", 0.0), ("-1", None), ("soon", None),
+    ("Wed, 21 Oct 2015 07:28:00 GMT", None),
+])
+def test_retry_after_header(header: str | None, seconds: float | None) -> None:
+    assert errors.parse_retry_after(header) == seconds
+
+
 async def test_connection_refused_is_retried(kube_config: Any,
                                              apiserver: FakeApiServer) -> None:
     patient = RetryPolicy(attempts=30, base_delay=0.05, max_delay=0.1)
