@@ -51,16 +51,18 @@ class ProbeTarget:
     `key` is opaque to the health package (the reconciler uses
     "namespace/name"); `host`/`port` address the proxy; `url` is probed
     through it. Thresholds are counts of consecutive results (SPEC §3).
+    Out-of-range numbers raise `ValueError` here, at construction: the CRD
+    bounds them, and a negative timeout reaching a timer would stop the engine.
     """
 
     key: str
     host: str
     port: int
     url: str
-    interval: float = 30.0
-    timeout: float = 10.0
-    success_threshold: int = 1
-    failure_threshold: int = 3
+    interval: float = attrs.field(default=30.0, validator=attrs.validators.gt(0))
+    timeout: float = attrs.field(default=10.0, validator=attrs.validators.gt(0))
+    success_threshold: int = attrs.field(default=1, validator=attrs.validators.ge(1))
+    failure_threshold: int = attrs.field(default=3, validator=attrs.validators.ge(1))
 
 
 @attrs.frozen

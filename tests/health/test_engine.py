@@ -440,3 +440,13 @@ async def test_scheduling_stays_right_through_heavy_rescheduling(
         await trio.sleep(20)  # t=20.5
         assert h.script.times("p0") == [0.0, 1.0, 11.0]
         assert all(h.script.times(key) == [0.0, 10.0, 20.0] for key in keys[1:])
+
+
+@pytest.mark.parametrize("field", [{"timeout": -1.0}, {"interval": 0.0},
+                                   {"interval": math.nan}, {"failure_threshold": 0},
+                                   {"success_threshold": 0}])
+def test_out_of_range_target_is_refused_at_construction(field: dict[str, object]) -> None:
+    # A negative timeout would reach trio's timers and stop the whole engine.
+    name = next(iter(field))
+    with pytest.raises(ValueError, match=name):
+        target(**field)
