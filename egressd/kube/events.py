@@ -4,6 +4,9 @@ The first occurrence of an event (same object, type, reason and message)
 creates an Event with count 1; repeats patch that Event's `count` and
 `lastTimestamp` instead of creating new ones. Recording is best effort: an
 API failure is logged and dropped, never raised into the reconciler.
+Recordings of one event are serialised (a lock per key, dropped when idle):
+racing repeats would otherwise patch the same count, and racing first
+occurrences would create one Event each.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from collections import OrderedDict
 from typing import Any
 
 import attrs
+import trio
 
 from egressd.kube.client import KubeClient
 from egressd.kube.errors import ApiError, ApiUnavailable, NotFound
@@ -61,6 +65,7 @@ class EventRecorder:
         self._host = host
         self._cache_size = cache_size
         self._seen: OrderedDict[_Key, _Seen] = OrderedDict()
+        self._locks: dict[_Key, trio.Lock] = {}
 
     async def record(
         self, obj: dict[str, Any], *, type: str = NORMAL, reason: str, message: str
@@ -71,6 +76,17 @@ class EventRecorder:
             api_version=str(obj.get("apiVersion") or ""), kind=str(obj.get("kind") or ""),
             namespace=str(meta.get("namespace") or ""), name=str(meta.get("name") or ""),
             uid=str(meta.get("uid") or ""), type=type, reason=reason, message=message)
+        lock = self._locks.setdefault(key, trio.Lock())
+        try:
+            async with lock:
+                return await self._record(obj, key)
+        finally:
+            # Unlocked means no one is waiting: trio hands a released lock
+            # straight to the next waiter.
+            if not lock.locked() and self._locks.get(key) is lock:
+                del self._locks[key]
+
+    async def _record(self, obj: dict[str, Any], key: _Key) -> dict[str, Any] | None:
         namespace = key.namespace or "default"
         try:
             seen = self._seen.get(key)
@@ -90,7 +106,7 @@ class EventRecorder:
                                               namespace=namespace)
         except (ApiError, ApiUnavailable) as exc:
             log.warning("recording an event failed",
-                        extra={"reason": reason, "object": f"{namespace}/{key.name}",
+                        extra={"reason": key.reason, "object": f"{namespace}/{key.name}",
                                "error": str(exc)})
             return None
         self._seen[key] = _Seen(name=event["metadata"]["name"], namespace=namespace, count=1)

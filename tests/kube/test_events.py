@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import trio
@@ -67,3 +68,23 @@ async def test_failures_are_logged_not_raised(kube_client: KubeClient,
         apiserver.faults.fail_next(1, code=403, resource="events")
         assert await recorder.record(obj, reason="R", message="m") is None
         assert await recorder.record(obj, reason="R", message="m") is not None
+
+
+async def test_concurrent_repeats_are_all_counted(kube_client: KubeClient) -> None:
+    recorder = EventRecorder(kube_client)
+
+    async def burst(obj: dict[str, Any], reason: str, times: int) -> None:
+        async with trio.open_nursery() as nursery:
+            for _ in range(times):
+                nursery.start_soon(functools.partial(
+                    recorder.record, obj, reason=reason, message="m"))
+
+    with trio.fail_after(10):
+        obj = await proxy(kube_client)
+        await burst(obj, "Fresh", 4)  # none recorded yet: one Event, not four
+        await recorder.record(obj, reason="Seen", message="m")
+        await burst(obj, "Seen", 5)  # repeats racing each other: none lost
+        events = (await kube_client.list(EVENTS, namespace="default")).items
+    counts = sorted((e["reason"], e["count"]) for e in events)
+    assert counts == [("Fresh", 4), ("Seen", 6)]
+    assert not recorder._locks  # per-event locks do not pile up
