@@ -100,13 +100,20 @@ MAX_METADATA_VALUE_BYTES = 256 * 1024
 _MIN_REDACTED_LINE = 6
 REDACTED = "<cloud-init redacted>"
 
-_STATES = {
+# Every status of compute v1's Instance.status enum; one added later (and so
+# unknown here) maps to Provisioning: poll again, do not replace.
+STATES = {
+    # PENDING: a Flex Start VM waiting for capacity.
+    "PENDING": InstanceState.PROVISIONING,
     "PROVISIONING": InstanceState.PROVISIONING,
     "STAGING": InstanceState.PROVISIONING,
     # REPAIRING: the host failed and GCE is moving the VM; it comes back.
     "REPAIRING": InstanceState.PROVISIONING,
     "RUNNING": InstanceState.RUNNING,
+    "PENDING_STOP": InstanceState.STOPPED,
     "STOPPING": InstanceState.STOPPED,
+    # DEPROVISIONING: halted, its IP and disks being released (stop or delete).
+    "DEPROVISIONING": InstanceState.STOPPED,
     "STOPPED": InstanceState.STOPPED,
     "SUSPENDING": InstanceState.STOPPED,
     "SUSPENDED": InstanceState.STOPPED,
@@ -210,7 +217,7 @@ def insert_body(config: GcpConfig, request: CreateRequest, target: Target) -> di
 
 def instance_state(status: str, nat_ip: str | None) -> InstanceState:
     """SPEC §4's mapping; RUNNING without a NAT IP is still Provisioning."""
-    state = _STATES.get(status, InstanceState.PROVISIONING)
+    state = STATES.get(status, InstanceState.PROVISIONING)
     if state is InstanceState.RUNNING and not nat_ip:
         return InstanceState.PROVISIONING
     return state

@@ -13,7 +13,9 @@ import logging
 import socket
 from collections.abc import Callable
 from datetime import UTC, datetime
+from pathlib import Path
 
+import googleapiclient
 import pytest
 import trio
 from google.auth.credentials import AnonymousCredentials
@@ -31,6 +33,7 @@ from egressd.providers import (
 )
 from egressd.providers.config import GcpConfig
 from egressd.providers.gcp import (
+    STATES,
     GcpProvider,
     error_from_operation,
     insert_body,
@@ -112,11 +115,17 @@ def test_placement_region_matching_the_zone_is_fine(gcp_config: GcpConfig) -> No
     ("RUNNING", None, InstanceState.PROVISIONING),
     ("RUNNING", "203.0.113.9", InstanceState.RUNNING),
     ("STOPPING", "203.0.113.9", InstanceState.STOPPED),
+    ("PENDING_STOP", "203.0.113.9", InstanceState.STOPPED),
+    ("DEPROVISIONING", None, InstanceState.STOPPED),
+    ("PENDING", None, InstanceState.PROVISIONING),
+    ("REPAIRING", "203.0.113.9", InstanceState.PROVISIONING),
+    ("SOMETHING_NEW", "203.0.113.9", InstanceState.PROVISIONING),
     ("STOPPED", None, InstanceState.STOPPED),
     ("SUSPENDED", None, InstanceState.STOPPED),
     ("TERMINATED", None, InstanceState.TERMINATED),
 ])
 def test_status_mapping(status: str, nat_ip: str | None, state: InstanceState) -> None:
+    # An address is published only for Running (SPEC §4).
     assert instance_state(status, nat_ip) is state
     body = {"name": "px-a", "status": status, "zone": f"zones/{ZONE}",
             "creationTimestamp": "2024-05-01T10:00:00.000-07:00",
@@ -125,6 +134,14 @@ def test_status_mapping(status: str, nat_ip: str | None, state: InstanceState) -
     assert instance.state is state
     assert instance.provider_id == f"{PROJECT}/{ZONE}/px-a"
     assert instance.created_at == datetime(2024, 5, 1, 17, 0, tzinfo=UTC)
+
+
+def test_every_status_of_the_compute_api_is_mapped() -> None:
+    """The enum of the discovery document the client library ships (compute v1)."""
+    doc = json.loads((Path(googleapiclient.__file__).parent / "discovery_cache" / "documents"
+                      / "compute.v1.json").read_text())
+    statuses = set(doc["schemas"]["Instance"]["properties"]["status"]["enum"])
+    assert statuses == set(STATES)
 
 
 def test_provider_id_round_trip_and_garbage_is_not_found() -> None:
