@@ -245,7 +245,10 @@ class HealthEngine:
         result: ProbeResult | None = None
         try:
             async with self._limiter:
-                result = await self._run_probe(target)
+                # Removed or moved to another endpoint while queued for a slot:
+                # the probe would be wasted on a proxy that is going away.
+                if self._states.get(target.key) is state and generation == state.generation:
+                    result = await self._run_probe(target)
         finally:
             # Also runs when cancelled (result None): the proxy must not stay
             # marked in flight, or a later `run` would never probe it again.

@@ -450,3 +450,18 @@ def test_out_of_range_target_is_refused_at_construction(field: dict[str, object]
     name = next(iter(field))
     with pytest.raises(ValueError, match=name):
         target(**field)
+
+
+async def test_a_proxy_removed_while_queued_for_a_slot_is_not_probed(
+        nursery: trio.Nursery, autojump_clock: trio.testing.MockClock) -> None:
+    with trio.fail_after(1000):
+        h = Harness(Script(delay=3.0), concurrency=1)
+        h.engine.upsert(target("a", interval=30.0))
+        await nursery.start(h.engine.run)
+        await trio.sleep(0.5)
+        h.engine.upsert(target("b", interval=30.0))
+        await trio.sleep(1)  # one slot: a probes 0-3, b waits for it from 1
+        h.engine.remove("b")
+        await trio.sleep(10)
+        assert h.script.times("a") == [0.0]
+        assert h.script.times("b") == []
