@@ -124,13 +124,12 @@ def parse_probe_url(url: str) -> ProbeURL:
     if not host:
         raise BadProbeURL("bad probe URL: no host")
     try:
-        # h11 wants ASCII; an internationalised name goes out as its A-label.
-        host.encode("ascii")
-    except UnicodeEncodeError:
-        try:
-            host = host.encode("idna").decode("ascii")
-        except UnicodeError:
-            raise BadProbeURL(f"bad probe URL: invalid host {host!r}") from None
+        # h11 wants ASCII: an internationalised name goes out as its A-label.
+        # The codec also refuses empty and over-long labels ("a..b", ".x"),
+        # which the ssl module would refuse as SNI in the middle of a probe.
+        host = host.encode("idna").decode("ascii")
+    except UnicodeError:
+        raise BadProbeURL(f"bad probe URL: invalid host {host!r}") from None
     https = scheme == "https"
     default_port = 443 if https else 80
     effective_port = port if port is not None else default_port

@@ -224,6 +224,10 @@ def test_probe_url_parsing(url: str, authority: str, host_header: str, target: s
     ("example.org/generate_204", "bad probe URL: unsupported scheme ''"),
     ("https:///path", "bad probe URL: no host"),
     ("https://h:99999/", "bad probe URL: Port out of range 0-65535"),
+    ("https://.:443/", "bad probe URL: invalid host '.'"),
+    ("https://a..b/", "bad probe URL: invalid host 'a..b'"),
+    (f"http://{'x' * 64}.example/", f"bad probe URL: invalid host '{'x' * 64}.example'"),
+    ("https://a b/", "bad probe URL: invalid host 'a b'"),
 ])
 def test_bad_probe_urls(url: str, reason: str) -> None:
     with pytest.raises(BadProbeURL) as info:
