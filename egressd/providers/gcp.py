@@ -462,7 +462,7 @@ class GcpProvider:
             raise error_from_http(exc, what, secret=secret) from exc
         except (OSError, httplib2.HttpLib2Error, google.auth.exceptions.GoogleAuthError,
                 ValueError) as exc:
-            raise Transient(f"{what}: {type(exc).__name__}: {exc}") from exc
+            raise Transient(f"{what}: {type(exc).__name__}: {redact(str(exc), secret)}") from exc
 
     async def _call(self, build: Callable[[Any], Any], what: str, *, secret: str = "") -> Any:
         # abandon_on_cancel: shutdown need not wait for a slow call; the thread
