@@ -79,9 +79,9 @@ class Informer:
         healthy_watch: float = 1.0,
     ) -> None:
         """`watch_timeout` is the range of the random timeoutSeconds; a watch
-        that delivers nothing for `inactivity_timeout` seconds is reopened; one
-        that lived `healthy_watch` seconds or delivered an event is reopened
-        at once, a shorter one after a backoff."""
+        that does not open, or then delivers nothing, for `inactivity_timeout`
+        seconds is reopened; one that lived `healthy_watch` seconds or
+        delivered an event is reopened at once, a shorter one after a backoff."""
         self.resource = resource
         self.namespace = namespace or None
         self.label_selector = label_selector
@@ -255,24 +255,25 @@ class Informer:
             delivered = False
             reason = "closed"
             try:
-                async with client.watch(
-                    self.resource, namespace=self.namespace,
-                    label_selector=self.label_selector, field_selector=self.field_selector,
-                    resource_version=self._rv,
-                    timeout_seconds=random.randint(low, high),  # noqa: S311 - spread, not crypto
-                ) as stream:
-                    opened_at = trio.current_time()
-                    while True:
-                        event: WatchEvent | None = None
-                        with trio.move_on_after(self._inactivity_timeout) as quiet:
-                            event = await anext(stream, None)
-                        if quiet.cancelled_caught:
-                            reason = "inactive"
-                            break
-                        if event is None:
-                            break
-                        self._apply(event)
-                        delivered = True
+                # One deadline, pushed back by every event, also bounds the
+                # open: a watch has no read timeout (it must idle), so a server
+                # that never answers the request would otherwise hang it.
+                with trio.CancelScope(
+                        deadline=trio.current_time() + self._inactivity_timeout) as quiet:
+                    async with client.watch(
+                        self.resource, namespace=self.namespace,
+                        label_selector=self.label_selector,
+                        field_selector=self.field_selector, resource_version=self._rv,
+                        timeout_seconds=random.randint(low, high),  # noqa: S311 - spread
+                    ) as stream:
+                        opened_at = trio.current_time()
+                        quiet.deadline = opened_at + self._inactivity_timeout
+                        async for event in stream:
+                            self._apply(event)
+                            delivered = True
+                            quiet.deadline = trio.current_time() + self._inactivity_timeout
+                if quiet.cancelled_caught:
+                    reason = "inactive"
             except Gone:
                 log.info("watch version too old, relisting",
                          extra={"resource": self.resource.plural, "version": self._rv})

@@ -275,3 +275,28 @@ def test_relist_backoff_doubles_to_the_cap_with_jitter() -> None:
     backoff.reset()
     assert 0.8 <= backoff.next() <= 1.2
     assert 1.6 <= backoff.next() <= 2.4
+
+
+async def test_a_watch_that_never_answers_is_reopened(kube_config: KubeConfig,
+                                                      apiserver: FakeApiServer) -> None:
+    stuck = 2  # the first two watch requests get no answer, like a wedged server
+
+    async def hold_watches(request: httpx.Request) -> None:
+        nonlocal stuck
+        if request.url.params.get("watch") == "true" and stuck:
+            stuck -= 1
+            await trio.sleep_forever()
+
+    informer = fast_informer(inactivity_timeout=0.2)
+    inactive = restarts("inactive")
+    with trio.fail_after(10):
+        async with hooked_client(kube_config, on_request=[hold_watches]) as client, \
+                trio.open_nursery() as nursery:
+            await nursery.start(informer.run, client)
+            seen = Seen(informer)
+            apiserver.create(secret("after-the-stall"))
+            await seen.wait_for(("add", "after-the-stall"))
+            nursery.cancel_scope.cancel()
+    assert stuck == 0
+    assert restarts("inactive") >= inactive + 2
+    assert informer.lists == 1
