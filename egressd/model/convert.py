@@ -18,11 +18,13 @@ from __future__ import annotations
 import datetime as dt
 import enum
 import re
+import typing
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 import attrs
 import cattrs
+from cattrs.cols import homogenous_tuple_structure_factory, is_mapping, mapping_structure_factory
 from cattrs.errors import (
     AttributeValidationNote,
     BaseValidationError,
@@ -140,6 +142,11 @@ def _structure_condition_status(value: object, _: type) -> str:
     raise _WireError(f"expected one of {allowed}, got {_describe(value)}")
 
 
+def _is_tuple(tp: Any) -> bool:
+    origin: object = typing.get_origin(tp)
+    return origin is tuple
+
+
 def _make_converter() -> cattrs.Converter:
     conv = cattrs.Converter(detailed_validation=True, forbid_extra_keys=False)
     conv.register_structure_hook(int, _structure_int)
@@ -179,7 +186,31 @@ def _make_converter() -> cattrs.Converter:
 
         return unstructure
 
+    # cattrs would iterate any iterable: a string as a list of characters, an
+    # object as a list of its keys. The wire types are JSON's, so check them first.
+    def list_factory(cls: Any) -> Callable[[Any, type], Any]:
+        fn = homogenous_tuple_structure_factory(cls, conv)
+
+        def structure(value: Any, cl: type) -> Any:
+            if not isinstance(value, list | tuple):
+                raise _WireError(f"expected a list, got {_describe(value)}")
+            return fn(value, cl)
+
+        return structure
+
+    def mapping_factory(cls: Any) -> Callable[[Any, type], Any]:
+        fn = mapping_structure_factory(cls, conv)
+
+        def structure(value: Any, cl: type) -> Any:
+            if not isinstance(value, Mapping):
+                raise _WireError(f"expected an object, got {_describe(value)}")
+            return fn(value, cl)
+
+        return structure
+
     conv.register_structure_hook_factory(attrs.has, structure_factory)
+    conv.register_structure_hook_factory(_is_tuple, list_factory)
+    conv.register_structure_hook_factory(is_mapping, mapping_factory)
     conv.register_unstructure_hook_factory(attrs.has, unstructure_factory)
     return conv
 
@@ -192,10 +223,6 @@ def _format(exc: BaseException) -> str:
         return "required field missing"
     if isinstance(exc, _WireError):
         return str(exc)
-    if isinstance(exc, AttributeError | TypeError) and "items" in str(exc):
-        return "expected an object"
-    if isinstance(exc, TypeError) and "iterable" in str(exc):
-        return "expected a list"
     return f"invalid value ({exc})"
 
 

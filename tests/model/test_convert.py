@@ -183,15 +183,29 @@ def test_every_bad_field_is_reported_with_its_wire_path() -> None:
         ([], "<root>: expected an object, got a list"),
         ({"metadata": {"name": "a"}, "spec": None}, "spec: expected an object, got null"),
         ({"metadata": {"name": "a"}, "spec": {"mode": "Managed", "attributes": ["a"]}},
-         "spec.attributes: expected an object"),
+         "spec.attributes: expected an object, got a list"),
         ({"metadata": {"name": "a"}, "spec": {"mode": "Managed", "port": "3128"}},
          "spec.port: expected int, got '3128'"),
         ({"metadata": {"name": "a", "creationTimestamp": "2024-05-01 10:00"},
           "spec": {"mode": "Managed"}},
          "metadata.creationTimestamp: expected an RFC 3339 timestamp, got '2024-05-01 10:00'"),
+        # JSON shapes are checked before cattrs iterates: a string is not a list of
+        # characters, an object is not a list of its keys.
+        ({"metadata": {"name": "a", "finalizers": "crawl.example.com/instance-cleanup"},
+          "spec": {"mode": "Managed"}},
+         "metadata.finalizers: expected a list, got 'crawl.example.com/instance-cleanup'"),
+        ({"metadata": {"name": "a"}, "spec": {"mode": "Managed"},
+          "status": {"conditions": {"type": "Healthy"}}},
+         "status.conditions: expected a list, got an object"),
+        ({"metadata": {"name": "a"}, "spec": {"mode": "Managed"},
+          "status": {"cooldowns": [{"until": "2024-05-01T10:00:00Z", "reason": "x"}]}},
+         "status.cooldowns: expected an object, got a list"),
+        ({"metadata": {"name": "a", "labels": "team=crawl"}, "spec": {"mode": "Managed"}},
+         "metadata.labels: expected an object, got 'team=crawl'"),
     ],
     ids=["no-spec", "no-metadata", "not-an-object", "null-spec", "attributes-list",
-         "string-port", "timestamp-without-zone"],
+         "string-port", "timestamp-without-zone", "string-finalizers", "object-conditions",
+         "list-cooldowns", "string-labels"],
 )
 def test_single_problems(raw: Any, problem: str) -> None:
     with pytest.raises(ModelError) as info:
