@@ -459,3 +459,10 @@ async def test_each_worker_thread_has_its_own_http_connection(
     assert len(https) >= 6 and len({id(h) for h in https}) == len(https)
     # Each object keeps one connection alive across its thread's calls.
     assert len({r.connection for r in fake_compute.requests}) == len(https)
+
+
+def test_an_empty_nat_ip_is_no_address() -> None:
+    body = {"name": "px-a", "status": "RUNNING", "zone": f"zones/{ZONE}",
+            "networkInterfaces": [{"accessConfigs": [{"type": "ONE_TO_ONE_NAT", "natIP": ""}]}]}
+    instance = instance_from_api(PROJECT, body)
+    assert (instance.state, instance.ip) == (InstanceState.PROVISIONING, None)

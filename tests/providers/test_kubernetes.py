@@ -27,6 +27,7 @@ from egressd.providers.config import KubernetesConfig
 from egressd.providers.kubernetes import (
     CONF_ENV,
     KubernetesProvider,
+    instance_from_pod,
     instance_state,
     pod_manifest,
     squid_conf,
@@ -215,3 +216,10 @@ async def test_adopting_a_pod_that_vanishes_is_transient(provider: KubernetesPro
         with pytest.raises(Transient, match="vanished") as info:
             await provider.create(request())
     assert isinstance(info.value.cause, NotFound)
+
+
+def test_an_empty_pod_ip_is_no_address() -> None:
+    pod = {"metadata": {"name": NAME, "namespace": NS},
+           "status": {"phase": "Running", "podIP": ""}}
+    instance = instance_from_pod(pod)
+    assert (instance.state, instance.ip) == (InstanceState.PROVISIONING, None)
