@@ -296,6 +296,35 @@ def test_defaults_do_not_overwrite_given_values() -> None:
                                         "failureThreshold": 9}
 
 
+def _defaulted_nodes(node: Any, path: str) -> Any:
+    """(path, schema) of every schema node with a `default`, as kube-apiserver walks them."""
+    if "default" in node:
+        yield path, node
+    for key, child in (node.get("properties") or {}).items():
+        yield from _defaulted_nodes(child, f"{path}.properties[{key}]")
+    if isinstance(node.get("items"), dict):
+        yield from _defaulted_nodes(node["items"], f"{path}.items")
+
+
+def test_every_default_passes_its_own_schema_and_rules() -> None:
+    """kube-apiserver refuses a CRD whose `default` fails its node's schema or CEL rules.
+
+    It checks the default as written, before the children's defaults fill it in:
+    `healthCheck: default: {}` meets `timeoutSeconds < intervalSeconds` only through
+    the rule's `has()` guards.
+    """
+    (version,) = load_crd()["spec"]["versions"]
+    nodes = list(_defaulted_nodes(version["schema"]["openAPIV3Schema"], "openAPIV3Schema"))
+    assert len(nodes) == 10
+    for path, node in nodes:
+        single = {"type": "object", "properties": {"value": node}}
+        crd = {"metadata": {"name": "defaults.example.com"}, "spec": {"versions": [
+            {"name": "v1", "schema": {"openAPIV3Schema": single}}]}}
+        schema = CRDSchema.from_crd(crd, "v1")
+        value = {"value": copy.deepcopy(node["default"])}
+        assert schema.validate(value, value) == [], path
+
+
 def test_rules_use_core_cel_only() -> None:
     """NOTES.md: no `?.` and no Kubernetes CEL libraries, so cel-python can run them."""
     rules = list(_rules(load_crd()))
