@@ -5,10 +5,13 @@ from __future__ import annotations
 import ssl
 from pathlib import Path
 
+import h11
 import pytest
 import trio
 import trio.testing
 import trustme
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from egressd.errors import ConfigError
 from egressd.health.probe import (
@@ -396,3 +399,24 @@ async def test_a_probe_url_is_parsed_once_not_per_probe(prober: Prober) -> None:
             await prober.probe(_target(closed_port(), url))
         after = _parse_cached.cache_info()
     assert (after.misses - before.misses, after.hits - before.hits) == (1, 2)
+
+
+_CLIENT_SSL = ssl.create_default_context()
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.sampled_from(["http://", "https://", "HTTPS://", "ftp://", ""]), st.text(max_size=40))
+def test_any_probe_url_is_sendable_or_a_bad_url(prefix: str, rest: str) -> None:
+    # The CRD lets almost any string through: it must never reach h11 or the
+    # ssl module in a form they refuse in the middle of a probe.
+    try:
+        url = parse_probe_url(prefix + rest)
+    except BadProbeURL:
+        return
+    for request in (url.connect_request, url.get_request):
+        if request is not None:
+            conn = h11.Connection(h11.CLIENT)
+            conn.send(request)
+            conn.send(h11.EndOfMessage())
+    if url.https:
+        _CLIENT_SSL.wrap_bio(ssl.MemoryBIO(), ssl.MemoryBIO(), server_hostname=url.host)
