@@ -448,7 +448,7 @@ async def test_scheduling_stays_right_through_heavy_rescheduling(
 def test_out_of_range_target_is_refused_at_construction(name: str, value: float) -> None:
     # A negative timeout would reach trio's timers and stop the whole engine.
     with pytest.raises(ValueError, match=name):
-        target(**{name: value})
+        target("a", **{name: value})
 
 
 async def test_a_proxy_removed_while_queued_for_a_slot_is_not_probed(
