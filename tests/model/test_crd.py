@@ -6,6 +6,7 @@ the other lacks, a test here fails and names it.
 
 from __future__ import annotations
 
+import copy
 import datetime as dt
 import enum
 import pathlib
@@ -21,7 +22,7 @@ from egressd.model import constants
 from egressd.model.constants import Mode, Phase
 from egressd.model.convert import wire_name
 from egressd.model.crd import load_crd
-from egressd.model.proxy import Proxy, ProxySpec, ProxyStatus
+from egressd.model.proxy import Cooldown, HealthCheck, Proxy, ProxySpec, ProxyStatus
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
@@ -139,6 +140,61 @@ def test_the_comparison_notices_a_new_field() -> None:
     problems = compare(Grown, version_schema()["properties"]["spec"], "spec")
     assert "spec.shiny: in the model, not in the CRD" in problems
     assert "spec.provider: in the CRD, not in the model" in problems
+
+
+def _object_nodes(node: dict[str, Any], path: str) -> Any:
+    """(wire path, schema) of every object node with properties, as `compare` names them."""
+    if node.get("properties"):
+        yield path, node
+    for key, child in (node.get("properties") or {}).items():
+        yield from _object_nodes(child, f"{path}.{key}")
+    if isinstance(node.get("additionalProperties"), dict):
+        yield from _object_nodes(node["additionalProperties"], f"{path}[*]")
+    if isinstance(node.get("items"), dict):
+        yield from _object_nodes(node["items"], f"{path}[*]")
+
+
+@pytest.mark.parametrize("part", ["spec", "status"])
+def test_the_comparison_notices_a_crd_field_at_every_depth(part: str) -> None:
+    cls = {"spec": ProxySpec, "status": ProxyStatus}[part]
+    schema = version_schema()["properties"][part]
+    paths = [path for path, _ in _object_nodes(schema, part)]
+    # spec, placement, cloudInit, secretRef, endpoint, healthCheck / status, cooldowns, conditions
+    assert len(paths) == {"spec": 6, "status": 3}[part]
+    for path in paths:
+        grown = copy.deepcopy(schema)
+        node = dict(_object_nodes(grown, part))[path]
+        node["properties"]["shiny"] = {"type": "integer"}
+        assert compare(cls, grown, part) == [f"{path}.shiny: in the CRD, not in the model"]
+
+
+# A model that grew a field two levels down (module level, so type hints resolve).
+@attrs.frozen
+class _GrownHealthCheck(HealthCheck):
+    jitter_seconds: int = attrs.field(default=0, kw_only=True)
+
+
+@attrs.frozen
+class _GrownSpec(ProxySpec):
+    health_check: _GrownHealthCheck = attrs.field(factory=_GrownHealthCheck, kw_only=True)
+
+
+@attrs.frozen
+class _GrownCooldown(Cooldown):
+    count: int = attrs.field(default=0, kw_only=True)
+
+
+@attrs.frozen
+class _GrownStatus(ProxyStatus):
+    cooldowns: Mapping[str, _GrownCooldown] = attrs.field(factory=dict, kw_only=True)
+
+
+def test_the_comparison_notices_a_model_field_at_depth() -> None:
+    schema = version_schema()["properties"]
+    assert compare(_GrownSpec, schema["spec"], "spec") == [
+        "spec.healthCheck.jitterSeconds: in the model, not in the CRD"]
+    assert compare(_GrownStatus, schema["status"], "status") == [
+        "status.cooldowns[*].count: in the model, not in the CRD"]
 
 
 def test_the_comparison_notices_a_changed_default() -> None:
