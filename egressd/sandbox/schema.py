@@ -66,7 +66,8 @@ _MISSING: Final = _Missing()
 
 
 class SchemaError(EgressdError):
-    """The CRD cannot be served: the version is not in it or a CEL rule does not compile.
+    """The CRD cannot be served: the version is not in it, a schema keyword has the wrong
+    shape, or a CEL rule does not compile.
 
     A real API server rejects such a CRD at creation; the fake one fails to start.
     """
@@ -253,7 +254,80 @@ def _compile(env: celpy.Environment, text: str, where: str) -> celpy.Runner:
         raise SchemaError(f"{where}: CEL rule {text!r} does not compile: {exc}") from exc
 
 
+_TYPES: Final = frozenset({"object", "array", "string", "integer", "number", "boolean"})
+_NUMBER_KEYWORDS: Final = ("minimum", "maximum", "multipleOf")
+_COUNT_KEYWORDS: Final = ("minLength", "maxLength", "minItems", "maxItems", "minProperties",
+                          "maxProperties")
+_STRING_KEYWORDS: Final = ("format", "x-kubernetes-list-type", "description")
+_STRING_LIST_KEYWORDS: Final = ("required", "x-kubernetes-list-map-keys")
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _check_keywords(raw: object, where: str) -> Mapping[str, Any]:
+    """`raw` as a schema node, or SchemaError naming the first keyword of the wrong shape.
+
+    kube-apiserver refuses such a CRD; here it must not become a crash later,
+    while an object is validated against it.
+    """
+    shown = where or "<root>"
+    if not isinstance(raw, Mapping):
+        raise SchemaError(f"{shown}: a schema must be an object")
+    kind = raw.get("type")
+    if kind is not None and (not isinstance(kind, str) or kind not in _TYPES):
+        raise SchemaError(f"{shown}: unsupported type {kind!r}")
+    for key in _NUMBER_KEYWORDS:
+        if key in raw and not _is_number(raw[key]):
+            raise SchemaError(f"{shown}: {key} must be a number")
+    for key in _COUNT_KEYWORDS:
+        value = raw.get(key)
+        if key in raw and not (isinstance(value, int) and not isinstance(value, bool)
+                               and value >= 0):
+            raise SchemaError(f"{shown}: {key} must be a non-negative integer")
+    for key in _STRING_KEYWORDS:
+        if key in raw and not isinstance(raw[key], str):
+            raise SchemaError(f"{shown}: {key} must be a string")
+    for key in _STRING_LIST_KEYWORDS:
+        value = raw.get(key)
+        if key in raw and not (isinstance(value, list)
+                               and all(isinstance(v, str) for v in value)):
+            raise SchemaError(f"{shown}: {key} must be a list of strings")
+    if "enum" in raw and not isinstance(raw["enum"], list):
+        raise SchemaError(f"{shown}: enum must be a list")
+    if "properties" in raw and not isinstance(raw["properties"], Mapping):
+        raise SchemaError(f"{shown}: properties must be an object")
+    if "items" in raw and not isinstance(raw["items"], Mapping):
+        raise SchemaError(f"{shown}: items must be a schema")
+    if "additionalProperties" in raw and not isinstance(raw["additionalProperties"],
+                                                        Mapping | bool):
+        raise SchemaError(f"{shown}: additionalProperties must be a schema or a boolean")
+    if "pattern" in raw:
+        if not isinstance(raw["pattern"], str):
+            raise SchemaError(f"{shown}: pattern must be a string")
+        try:
+            re.compile(raw["pattern"])
+        except re.error as exc:
+            raise SchemaError(f"{shown}: pattern {raw['pattern']!r} does not compile: "
+                              f"{exc}") from None
+    rules = raw.get("x-kubernetes-validations")
+    if rules is not None:
+        if not isinstance(rules, list):
+            raise SchemaError(f"{shown}: x-kubernetes-validations must be a list")
+        for entry in rules:
+            if not isinstance(entry, Mapping) or not isinstance(entry.get("rule"), str):
+                raise SchemaError(f"{shown}: every x-kubernetes-validations entry needs a "
+                                  "string rule")
+            for key in ("message", "messageExpression", "fieldPath", "reason"):
+                if key in entry and not isinstance(entry[key], str):
+                    raise SchemaError(f"{shown}: x-kubernetes-validations {key} must be a "
+                                      "string")
+    return raw
+
+
 def _build(raw: Mapping[str, Any], env: celpy.Environment, where: str) -> _Node:
+    raw = _check_keywords(raw, where)
     props = {
         k: _build(v, env, _child(where, k)) for k, v in (raw.get("properties") or {}).items()
     }
@@ -331,7 +405,8 @@ class CRDSchema:
     def from_crd(cls, crd: Mapping[str, Any], version: str) -> CRDSchema:
         """Digest `crd` (an apiextensions.k8s.io/v1 CRD as a dict) for `version`.
 
-        Raises `SchemaError` if the version is absent or a rule does not compile.
+        Raises `SchemaError` if the version is absent, a schema keyword has the wrong
+        shape or a rule does not compile.
         """
         spec = crd.get("spec") or {}
         for ver in spec.get("versions") or ():
@@ -340,7 +415,10 @@ class CRDSchema:
         else:
             raise SchemaError(f"CRD {crd.get('metadata', {}).get('name')!r} has no version "
                               f"{version!r}")
-        raw = ((ver.get("schema") or {}).get("openAPIV3Schema")) or {
+        schema = ver.get("schema") or {}
+        if not isinstance(schema, Mapping):
+            raise SchemaError(f"version {version!r}: schema must be an object")
+        raw = schema.get("openAPIV3Schema") or {
             "type": "object",
             "x-kubernetes-preserve-unknown-fields": True,
         }

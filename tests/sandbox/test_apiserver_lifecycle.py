@@ -212,3 +212,54 @@ async def test_direct_access_helpers(apiserver: FakeApiServer) -> None:
                                                           "Proxy")] == ["d"]
     apiserver.delete("crawl.example.com/v1alpha1", "Proxy", "d", namespace="default")
     assert apiserver.get("crawl.example.com/v1alpha1", "Proxy", "d", namespace="default") is None
+
+
+def _widget_crd(**version: object) -> dict[str, object]:
+    return {"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+            "metadata": {"name": "widgets.example.org"},
+            "spec": {"group": "example.org", "scope": "Namespaced",
+                     "names": {"plural": "widgets", "kind": "Widget"},
+                     "versions": [{"name": "v1", "served": True, "storage": True, **version}]}}
+
+
+def _schema(**spec_schema: object) -> dict[str, object]:
+    return {"openAPIV3Schema": {"type": "object", "properties": {
+        "spec": {"type": "object", **spec_schema}}}}
+
+
+@pytest.mark.parametrize(("crd", "field"), [
+    (_widget_crd(schema="x"), "spec.versions[0].schema"),
+    (_widget_crd(schema=_schema(properties=["size"])), "spec.versions[0].schema.openAPIV3Schema"),
+    (_widget_crd(schema=_schema(properties={"size": {"type": "integer", "minimum": "1"}})),
+     "spec.versions[0].schema.openAPIV3Schema"),
+    (_widget_crd(schema=_schema(properties={"n": {"type": "string", "pattern": "("}})),
+     "spec.versions[0].schema.openAPIV3Schema"),
+    (_widget_crd(schema=_schema(**{"x-kubernetes-validations": [{"rule": "self.a =="}]})),
+     "spec.versions[0].schema.openAPIV3Schema"),
+    (_widget_crd(schema=_schema(type="dict")), "spec.versions[0].schema.openAPIV3Schema"),
+    (_widget_crd(additionalPrinterColumns=[1]), "spec.versions[0].additionalPrinterColumns"),
+    (_widget_crd(storage="yes"), "spec.versions[0].storage"),
+    (dict(_widget_crd(), spec={"group": "example.org", "names": "widgets",
+                               "versions": [{"name": "v1", "storage": True}]}), "spec.names"),
+    (dict(_widget_crd(), spec={"group": "example.org", "scope": "Galaxy",
+                               "names": {"plural": "widgets", "kind": "Widget"},
+                               "versions": [{"name": "v1", "storage": True}]}), "spec.scope"),
+    (dict(_widget_crd(), spec={"group": "example.org",
+                               "names": {"plural": "widgets", "kind": "Widget"},
+                               "versions": "v1"}), "spec.versions"),
+])
+async def test_a_crd_that_cannot_be_served_is_422_and_not_stored(
+        api_client: httpx.AsyncClient, crd: dict[str, object], field: str) -> None:
+    crds = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+    with trio.fail_after(10):
+        response = await api_client.post(crds, json=crd)
+        assert response.status_code == 422, response.text
+        assert field in [c["field"] for c in response.json()["details"]["causes"]]
+        assert (await api_client.get(f"{crds}/widgets.example.org")).status_code == 404
+        assert (await api_client.get("/apis/example.org/v1/widgets")).status_code == 404
+        # The installed Proxy CRD is untouched by a bad replacement either.
+        proxies = await api_client.get(f"{crds}/proxies.crawl.example.com")
+        replaced = dict(proxies.json(), spec=dict(proxies.json()["spec"], versions="v1"))
+        assert (await api_client.put(f"{crds}/proxies.crawl.example.com",
+                                     json=replaced)).status_code == 422
+        await created(api_client, PROXIES, proxy("still-served"))

@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
+import copy
+from typing import Any
+
 import httpx
 import pytest
 import trio
 
 from tests.sandbox.support import (
     APPLY,
+    EVENTS,
     JSON_PATCH,
+    LEASES,
     MERGE,
     PODS,
     PROXIES,
+    SECRETS,
     STRATEGIC,
     created,
     pod,
@@ -166,3 +172,56 @@ async def test_bodies_in_yaml_are_taken_and_cbor_is_415(
                                          headers={"Content-Type": "application/cbor"})
         assert response.status_code == 415
         assert response.json()["reason"] == "UnsupportedMediaType"
+
+
+def _with(body: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
+    out = copy.deepcopy(body)
+    *parents, key = path.split(".")
+    node = out
+    for part in parents:
+        node = node.setdefault(part, {})
+    node[key] = value
+    return out
+
+
+_SECRET = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "s"}}
+_LEASE = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": {"name": "l"}}
+_EVENT = {"apiVersion": "v1", "kind": "Event", "metadata": {"name": "e"}}
+
+
+@pytest.mark.parametrize(("collection", "body"), [
+    (PROXIES, _with(proxy("a"), "metadata.labels", 5)),
+    (PROXIES, _with(proxy("a"), "metadata.labels", {"tier": 5})),
+    (PROXIES, _with(proxy("a"), "metadata.name", 5)),
+    (PROXIES, _with(proxy("a"), "metadata.finalizers", [1])),
+    (PROXIES, _with(proxy("a"), "metadata.annotations", ["x"])),
+    (PODS, _with(pod("p"), "spec", "x")),
+    (PODS, _with(pod("p"), "spec.containers", 5)),
+    (SECRETS, _with(_SECRET, "data", {"a": 5})),
+    (SECRETS, _with(_SECRET, "type", 5)),
+    (LEASES, _with(_LEASE, "spec.leaseDurationSeconds", "15")),
+    (EVENTS, _with(_EVENT, "involvedObject", "x")),
+])
+async def test_a_field_of_the_wrong_type_is_400_and_stores_nothing(
+        api_client: httpx.AsyncClient, collection: str, body: dict[str, Any]) -> None:
+    with trio.fail_after(10):
+        response = await api_client.post(collection, json=body)
+        assert response.status_code == 400, response.text
+        assert "cannot be handled as a" in response.json()["message"]
+        listed = await api_client.get(collection, params={"labelSelector": "tier!=gold"})
+        assert listed.status_code == 200 and listed.json()["items"] == []
+
+
+async def test_a_patch_to_a_wrong_type_is_400(api_client: httpx.AsyncClient) -> None:
+    with trio.fail_after(10):
+        await created(api_client, PROXIES, proxy("a"))
+        response = await api_client.patch(f"{PROXIES}/a", headers=MERGE,
+                                          json={"metadata": {"labels": ["x"]}})
+        assert response.status_code == 400, response.text
+        nulled = await api_client.patch(f"{PROXIES}/a", headers=JSON_PATCH,
+                                        json=[{"op": "add", "path": "/metadata/labels",
+                                               "value": None}])
+        assert nulled.status_code == 200, nulled.text  # null is "unset", as in Go
+        assert "labels" not in nulled.json()["metadata"]
+        listed = await api_client.get(PROXIES, params={"labelSelector": "tier"})
+        assert listed.status_code == 200

@@ -60,6 +60,25 @@ def test_rule_that_does_not_compile_is_a_schema_error() -> None:
         schema_for({}, **{"x-kubernetes-validations": [{"rule": "self.a =="}]})
 
 
+@pytest.mark.parametrize(("props", "message"), [
+    ({"n": {"type": "integer", "minimum": "1"}}, r"spec\.n: minimum must be a number"),
+    ({"n": {"type": "string", "maxLength": -1}}, r"maxLength must be a non-negative integer"),
+    ({"n": {"type": "string", "pattern": "("}}, r"pattern '\(' does not compile"),
+    ({"n": {"type": "dict"}}, r"unsupported type 'dict'"),
+    ({"n": "integer"}, r"spec\.n: a schema must be an object"),
+    ({"n": {"type": "object", "required": "a"}}, r"required must be a list of strings"),
+    ({"n": {"type": "array", "items": []}}, r"items must be a schema"),
+    ({"n": {"type": "object", "properties": ["a"]}}, r"properties must be an object"),
+    ({"n": {"type": "string", "enum": "a"}}, r"enum must be a list"),
+    ({"n": {"type": "string", "x-kubernetes-validations": [{"message": "m"}]}},
+     r"needs a string rule"),
+])
+def test_malformed_keywords_are_schema_errors(props: dict[str, Any], message: str) -> None:
+    # A CRD like this must be refused up front, not crash while an object is validated.
+    with pytest.raises(SchemaError, match=message):
+        schema_for(props)
+
+
 def test_printer_columns_and_status_subresource() -> None:
     columns = [{"name": "Size", "type": "integer", "jsonPath": ".spec.size"}]
     schema = CRDSchema.from_crd(

@@ -43,7 +43,7 @@ from egressd.sandbox.apiserver.faults import Faults
 from egressd.sandbox.apiserver.resources import BUILTINS, ResourceType, types_from_crd
 from egressd.sandbox.apiserver.selectors import FieldSelector, LabelSelector
 from egressd.sandbox.apiserver.store import Event, Obj, Store, Watcher
-from egressd.sandbox.apiserver.validation import SchemaLike, enforce, load_schema
+from egressd.sandbox.apiserver.validation import BadSchema, SchemaLike, enforce, load_schema
 from egressd.sandbox.apiserver.wire import AbortStream, Request, Response, Send, Stream
 
 log = logging.getLogger("egressd.sandbox.apiserver")
@@ -546,6 +546,7 @@ class ApiApp:
 
     def _create_checked(self, rt: ResourceType, body: Obj, *, dry_run: bool,
                         field_validation: str) -> WriteResult:
+        _check_decodable(rt, body)
         meta = body.setdefault("metadata", {})
         if not meta.get("name"):
             if meta.get("generateName"):
@@ -658,6 +659,7 @@ class ApiApp:
                dry_run: bool, field_validation: str) -> WriteResult:
         """The shared write pipeline for create (old None), update and patch."""
         new = copy.deepcopy(new)
+        _check_decodable(rt, new)
         new["apiVersion"], new["kind"] = rt.api_version, rt.kind
         meta = new.setdefault("metadata", {})
         name = meta.get("name", "")
@@ -715,6 +717,8 @@ class ApiApp:
             meta["resourceVersion"] = old_meta["resourceVersion"]
         causes = builtin.on_write(rt, new)
         causes += builtin.validate(rt, new, old)
+        if not causes and rt.kind == "CustomResourceDefinition":
+            causes = _crd_schema_problems(new)
         if causes:
             raise invalid(rt.kind, rt.group, name, causes)
         warnings: list[str] = []
@@ -813,6 +817,27 @@ class ApiApp:
         return _json(200, {"kind": f"{rt.kind}List", "apiVersion": rt.api_version,
                            "metadata": {"resourceVersion": str(self.store.resource_version)},
                            "items": deleted})
+
+
+def _check_decodable(rt: ResourceType, obj: Obj) -> None:
+    """400 for a field of the wrong JSON type, as kube-apiserver's decoder answers it."""
+    problem = builtin.decode_problem(rt, obj)
+    if problem is not None:
+        raise bad_request(f'{rt.kind} in version "{rt.version}" cannot be handled as a '
+                          f"{rt.kind}: {problem}")
+
+
+def _crd_schema_problems(crd: Obj) -> list[builtin.Cause]:
+    """Compile every version's schema before the CRD is stored: one that cannot be
+    served is a 422, never a stored CRD whose objects then fail to write."""
+    causes: list[builtin.Cause] = []
+    for i, version in enumerate(crd["spec"]["versions"]):
+        try:
+            load_schema(crd, version["name"])
+        except BadSchema as exc:
+            causes.append((f"spec.versions[{i}].schema.openAPIV3Schema", "FieldValueInvalid",
+                           f"Invalid value: {exc}"))
+    return causes
 
 
 def _warning(text: str) -> str:

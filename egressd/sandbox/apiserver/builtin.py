@@ -45,11 +45,100 @@ def quote(value: Any) -> str:
     return str(value)
 
 
+# The JSON type each field must have for the kind's Go struct to decode it; a
+# mismatch is a 400 on a real server (custom resources: metadata only, their
+# schema types the rest). Shapes: str, int, bool, obj, map (string to string),
+# strs (list of strings), objs (list of objects), time (an RFC 3339 string).
+_META_SHAPE = {
+    "metadata.name": "str", "metadata.generateName": "str", "metadata.namespace": "str",
+    "metadata.selfLink": "str", "metadata.uid": "str", "metadata.resourceVersion": "str",
+    "metadata.generation": "int", "metadata.creationTimestamp": "time",
+    "metadata.deletionTimestamp": "time", "metadata.deletionGracePeriodSeconds": "int",
+    "metadata.labels": "map", "metadata.annotations": "map", "metadata.finalizers": "strs",
+    "metadata.ownerReferences": "objs", "metadata.managedFields": "objs",
+}
+_KIND_SHAPES: dict[str, dict[str, str]] = {
+    "Pod": {"spec": "obj", "spec.containers": "objs", "spec.nodeName": "str",
+            "spec.nodeSelector": "map", "status": "obj", "status.phase": "str",
+            "status.podIP": "str", "status.conditions": "objs",
+            "status.containerStatuses": "objs"},
+    "Secret": {"data": "map", "stringData": "map", "type": "str", "immutable": "bool"},
+    "Namespace": {"spec": "obj", "spec.finalizers": "strs", "status": "obj",
+                  "status.phase": "str"},
+    "Event": {"involvedObject": "obj", "involvedObject.kind": "str",
+              "involvedObject.namespace": "str", "involvedObject.name": "str",
+              "involvedObject.uid": "str", "involvedObject.apiVersion": "str",
+              "involvedObject.resourceVersion": "str", "involvedObject.fieldPath": "str",
+              "reason": "str", "message": "str", "type": "str", "count": "int",
+              "source": "obj", "source.component": "str", "source.host": "str",
+              "firstTimestamp": "time", "lastTimestamp": "time", "eventTime": "time",
+              "reportingComponent": "str", "reportingInstance": "str", "action": "str"},
+    "Lease": {"spec": "obj", "spec.holderIdentity": "str", "spec.leaseDurationSeconds": "int",
+              "spec.acquireTime": "time", "spec.renewTime": "time",
+              "spec.leaseTransitions": "int"},
+    "CustomResourceDefinition": {"spec": "obj", "status": "obj"},
+}
+_GO_TYPES = {"str": "string", "int": "int64", "bool": "bool", "obj": "struct",
+             "map": "map[string]string", "strs": "[]string", "objs": "[]struct",
+             "time": "v1.Time"}
+
+
+def _json_type(value: Any) -> str:
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, int | float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    return "array" if isinstance(value, list) else "object"
+
+
+def _fits(shape: str, value: Any) -> bool:
+    if shape in ("str", "time"):
+        return isinstance(value, str)
+    if shape == "int":
+        return isinstance(value, int) and not isinstance(value, bool)
+    if shape == "bool":
+        return isinstance(value, bool)
+    if shape == "obj":
+        return isinstance(value, dict)
+    if shape == "map":
+        return isinstance(value, dict) and all(isinstance(v, str) for v in value.values())
+    if shape == "strs":
+        return isinstance(value, list) and all(isinstance(v, str) for v in value)
+    return isinstance(value, list) and all(isinstance(v, dict) for v in value)
+
+
+def decode_problem(rt: ResourceType, obj: dict[str, Any]) -> str | None:
+    """Why the kind's Go struct could not decode `obj` (None when it could).
+
+    Nulls are dropped on the way, as decoding into Go and encoding again drops
+    them, so later code never meets a null where it expects a value.
+    """
+    shapes = _META_SHAPE if rt.custom else {**_META_SHAPE, **_KIND_SHAPES.get(rt.kind, {})}
+    for path, shape in shapes.items():
+        parent: Any = obj
+        *parents, key = path.split(".")
+        for part in parents:
+            parent = parent.get(part) if isinstance(parent, dict) else None
+        if not isinstance(parent, dict) or key not in parent:
+            continue
+        value = parent[key]
+        if value is None:
+            del parent[key]
+        elif not _fits(shape, value):
+            return (f"json: cannot unmarshal {_json_type(value)} into Go struct field "
+                    f"{rt.kind}.{path} of type {_GO_TYPES[shape]}")
+    return None
+
+
 def on_create(rt: ResourceType, obj: dict[str, Any]) -> None:
     """Defaults a real API server fills on create (mutates `obj`)."""
     if rt.kind == "Pod":
         obj["status"] = {"phase": "Pending", "qosClass": "BestEffort"}
         spec = obj.setdefault("spec", {})
+        if not isinstance(spec, dict):
+            return  # `validate` refuses it
         spec.setdefault("restartPolicy", "Always")
         spec.setdefault("dnsPolicy", "ClusterFirst")
         spec.setdefault("schedulerName", "default-scheduler")
@@ -60,11 +149,15 @@ def on_create(rt: ResourceType, obj: dict[str, Any]) -> None:
         obj["metadata"].setdefault("labels", {})["kubernetes.io/metadata.name"] = (
             obj["metadata"]["name"])
     elif rt.kind == "CustomResourceDefinition":
-        names = obj.get("spec", {}).get("names", {})
+        # Malformed specs reach here too; `on_write` refuses them right after.
+        raw_spec = obj.get("spec")
+        crd_spec: dict[str, Any] = raw_spec if isinstance(raw_spec, dict) else {}
+        raw_versions = crd_spec.get("versions")
+        versions: list[Any] = raw_versions if isinstance(raw_versions, list) else []
         obj["status"] = {
-            "acceptedNames": names,
-            "storedVersions": [v.get("name") for v in obj.get("spec", {}).get("versions", [])
-                               if v.get("storage")],
+            "acceptedNames": crd_spec.get("names"),
+            "storedVersions": [v.get("name") for v in versions
+                               if isinstance(v, dict) and v.get("storage")],
             "conditions": [
                 {"type": "NamesAccepted", "status": "True", "reason": "NoConflicts",
                  "message": "no conflicts found", "lastTransitionTime": obj["metadata"][
@@ -111,17 +204,68 @@ def _crd(obj: dict[str, Any]) -> list[Cause]:
     if not isinstance(spec, dict):
         return [("spec", "FieldValueRequired", "Required value")]
     causes: list[Cause] = []
-    names = spec.get("names") or {}
-    group = spec.get("group")
-    for field, value in (("spec.group", group), ("spec.names.plural", names.get("plural")),
-                         ("spec.names.kind", names.get("kind"))):
+
+    def need_text(field: str, value: Any) -> None:
         if not value:
             causes.append((field, "FieldValueRequired", "Required value"))
-    versions = spec.get("versions") or []
+        elif not isinstance(value, str):
+            causes.append((field, "FieldValueInvalid", f"Invalid value: {quote(value)}: "
+                                                       "must be a string"))
+
+    def need_list_of_text(field: str, value: Any) -> None:
+        if value is not None and not (isinstance(value, list)
+                                      and all(isinstance(v, str) for v in value)):
+            causes.append((field, "FieldValueInvalid", "Invalid value: must be a list of "
+                                                       "strings"))
+
+    names = spec.get("names")
+    if names is None:
+        names = {}
+    elif not isinstance(names, dict):
+        return [("spec.names", "FieldValueInvalid", "Invalid value: must be an object")]
+    group = spec.get("group")
+    need_text("spec.group", group)
+    need_text("spec.names.plural", names.get("plural"))
+    need_text("spec.names.kind", names.get("kind"))
+    for field in ("singular", "listKind"):
+        if names.get(field) is not None and not isinstance(names[field], str):
+            causes.append((f"spec.names.{field}", "FieldValueInvalid",
+                           "Invalid value: must be a string"))
+    need_list_of_text("spec.names.shortNames", names.get("shortNames"))
+    need_list_of_text("spec.names.categories", names.get("categories"))
+    if spec.get("scope", "Namespaced") not in ("Namespaced", "Cluster"):
+        causes.append(("spec.scope", "FieldValueNotSupported",
+                       f"Unsupported value: {quote(spec.get('scope'))}: supported values: "
+                       '"Cluster", "Namespaced"'))
+    versions = spec.get("versions")
     if not versions:
         causes.append(("spec.versions", "FieldValueRequired",
                        "Required value: must have exactly one version marked as storage version"))
-    elif sum(1 for v in versions if v.get("storage")) != 1:
+        return causes
+    if not isinstance(versions, list) or not all(isinstance(v, dict) for v in versions):
+        causes.append(("spec.versions", "FieldValueInvalid",
+                       "Invalid value: must be a list of versions"))
+        return causes
+    for i, version in enumerate(versions):
+        where = f"spec.versions[{i}]"
+        need_text(f"{where}.name", version.get("name"))
+        for field in ("served", "storage"):
+            if not isinstance(version.get(field, False), bool):
+                causes.append((f"{where}.{field}", "FieldValueInvalid",
+                               "Invalid value: must be a boolean"))
+        for field in ("schema", "subresources"):
+            if not isinstance(version.get(field) or {}, dict):
+                causes.append((f"{where}.{field}", "FieldValueInvalid",
+                               "Invalid value: must be an object"))
+        columns = version.get("additionalPrinterColumns") or []
+        if not isinstance(columns, list) or not all(
+                isinstance(c, dict) and c.get("name") and isinstance(c.get("name"), str)
+                and isinstance(c.get("jsonPath"), str) and isinstance(c.get("type", ""), str)
+                and isinstance(c.get("priority", 0), int)
+                for c in columns):
+            causes.append((f"{where}.additionalPrinterColumns", "FieldValueInvalid",
+                           "Invalid value: each column needs a name, a type and a jsonPath"))
+    if sum(1 for v in versions if v.get("storage") is True) != 1:
         causes.append(("spec.versions", "FieldValueInvalid",
                        "Invalid value: must have exactly one version marked as storage version"))
     expected = f"{names.get('plural')}.{group}"

@@ -40,8 +40,15 @@ _CACHE: dict[str, SchemaLike | None] = {}
 _CACHE_LIMIT = 64
 
 
+class BadSchema(Exception):
+    """Raised by `load_schema` for a CRD version whose schema cannot be served."""
+
+
 def load_schema(crd: dict[str, Any], version: str) -> SchemaLike | None:
-    """The CRD version's schema engine, or None when it cannot be built."""
+    """The CRD version's schema engine, or None when the engine is absent.
+
+    Raises BadSchema when the schema is malformed or a CEL rule does not compile.
+    """
     key = version + "\0" + json.dumps(crd.get("spec"), sort_keys=True, default=str)
     if key in _CACHE:
         return _CACHE[key]
@@ -50,7 +57,10 @@ def load_schema(crd: dict[str, Any], version: str) -> SchemaLike | None:
     except ImportError:
         log.warning("egressd.sandbox.schema is missing: CRD schemas are not enforced")
         return None
-    schema: SchemaLike = module.CRDSchema.from_crd(crd, version)
+    try:
+        schema: SchemaLike = module.CRDSchema.from_crd(crd, version)
+    except module.SchemaError as exc:
+        raise BadSchema(str(exc)) from exc
     if len(_CACHE) >= _CACHE_LIMIT:
         _CACHE.clear()
     _CACHE[key] = schema
