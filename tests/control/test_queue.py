@@ -166,6 +166,9 @@ class QueueMachine(RuleBasedStateMachine):
         self.dirty: set[str] = set()
         self.processing: set[str] = set()
         self.waiting: dict[str, float] = {}
+        # When each key's current delay was set: equal deadlines fire in that order.
+        self.delay_order: dict[str, int] = {}
+        self.delays_set = 0
         self.failures: dict[str, int] = {}
 
     keys = st.sampled_from(["a", "b", "c", "d"])
@@ -176,6 +179,13 @@ class QueueMachine(RuleBasedStateMachine):
         self.dirty.add(key)
         if key not in self.processing:
             self.queued.append(key)
+
+    def _model_delay(self, key: str, deadline: float) -> None:
+        if key in self.waiting and self.waiting[key] <= deadline:
+            return
+        self.waiting[key] = deadline
+        self.delays_set += 1
+        self.delay_order[key] = self.delays_set
 
     @rule(key=keys)
     def add(self, key: str) -> None:
@@ -189,7 +199,7 @@ class QueueMachine(RuleBasedStateMachine):
             self._model_add(key)
             return
         deadline = trio.current_time() + delay
-        self.waiting[key] = min(self.waiting.get(key, deadline), deadline)
+        self._model_delay(key, deadline)
 
     @rule(key=keys)
     def add_rate_limited(self, key: str) -> None:
@@ -198,7 +208,7 @@ class QueueMachine(RuleBasedStateMachine):
         assert self.q.add_rate_limited(key) == expected
         self.failures[key] = n + 1
         deadline = trio.current_time() + expected
-        self.waiting[key] = min(self.waiting.get(key, deadline), deadline)
+        self._model_delay(key, deadline)
 
     @rule(key=keys)
     def forget(self, key: str) -> None:
@@ -231,7 +241,8 @@ class QueueMachine(RuleBasedStateMachine):
         self.clock.jump(dt)
         self.q.release_due()
         now = trio.current_time()
-        for key, deadline in sorted(self.waiting.items(), key=lambda kv: kv[1]):
+        due = sorted(self.waiting.items(), key=lambda kv: (kv[1], self.delay_order[kv[0]]))
+        for key, deadline in due:
             if deadline <= now:
                 del self.waiting[key]
                 self._model_add(key)
