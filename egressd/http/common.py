@@ -29,6 +29,10 @@ def new_app(name: str) -> QuartTrio:
     app.config["PROPAGATE_EXCEPTIONS"] = True
     # The body cap is the middleware's (64 KiB); Quart's own limit must not pre-empt it.
     app.config["MAX_CONTENT_LENGTH"] = None
+    # Quart's response timeout cannot cut a stalled socket write (Hypercorn shields it);
+    # all it can cut is Hypercorn's bookkeeping after the write, which leaves the
+    # keep-alive connection waiting forever for a next request it will never read.
+    app.config["RESPONSE_TIMEOUT"] = None
 
     @app.errorhandler(ApiError)
     async def api_error(err: ApiError) -> Response:

@@ -21,6 +21,9 @@ log = logging.getLogger(__name__)
 # wait for that (and for Quart's after_serving hooks) in case anything hangs.
 _STOP_MARGIN = 1.0
 
+# Scheduler passes with no request in flight before the stop cuts the connections.
+_SETTLE_PASSES = 10
+
 
 class _InFlight:
     """Counts HTTP requests being handled, so a stop waits for those and nothing else.
@@ -33,6 +36,7 @@ class _InFlight:
     def __init__(self, app: Any) -> None:
         self._app = app
         self._count = 0
+        self._started = 0
         self._idle = trio.Event()
         self._idle.set()
 
@@ -40,18 +44,57 @@ class _InFlight:
         if scope["type"] != "http":
             await self._app(scope, receive, send)
             return
+        finishing: trio.Event | None = None
+
+        async def tracked_send(message: Any) -> None:
+            nonlocal finishing
+            if message["type"] != "http.response.body" or message.get("more_body", False):
+                await send(message)
+                return
+            finishing = trio.Event()
+            try:
+                await send(message)
+            finally:
+                finishing.set()
+
+        async def held_receive() -> Any:
+            message = await receive()
+            if message["type"] == "http.disconnect" and finishing is not None:
+                # Hypercorn reports a finished response as a disconnect from inside the
+                # final send, then starts the connection's keep-alive timer. Quart-Trio
+                # cancels the request on that disconnect, which would kill the timer as
+                # it starts (idle connections would never be closed, and would hold
+                # Hypercorn's own shutdown): hand the disconnect over once the send is done.
+                await finishing.wait()
+            return message
+
         self._count += 1
+        self._started += 1
         self._idle = trio.Event() if self._idle.is_set() else self._idle
         try:
-            await self._app(scope, receive, send)
+            await self._app(scope, held_receive, tracked_send)
         finally:
             self._count -= 1
             if not self._count:
                 self._idle.set()
 
     async def wait_idle(self) -> None:
-        while self._count:
-            await self._idle.wait()
+        """Return once no request is in flight and none has begun for a few scheduler passes.
+
+        A request whose bytes reached the socket just before the stop needs a few
+        passes (read, parse, spawn) before it reaches the app and counts; waiting
+        for them means such a request is answered instead of cut off.
+        """
+        quiet, seen = 0, self._started
+        while quiet < _SETTLE_PASSES:
+            if self._count:
+                await self._idle.wait()
+                quiet = 0
+            elif seen != self._started:
+                seen, quiet = self._started, 0
+            else:
+                await trio.lowlevel.checkpoint()
+                quiet += 1
 
 
 def hypercorn_config(addr: str, *, grace: float) -> Config:

@@ -54,12 +54,6 @@ def error_of(response: httpx.Response) -> str:
     return str(body["error"])
 
 
-# Tests that jump the clock use a fresh connection per request: a keep-alive connection
-# idle across a jump of many minutes at once sees all of Hypercorn's and Quart's timers
-# fire together, which real time never does.
-FRESH = httpx.Limits(max_keepalive_connections=0)
-
-
 async def jump(clock: trio.testing.MockClock, seconds: float) -> None:
     clock.jump(seconds)
     await trio.testing.wait_all_tasks_blocked()
@@ -302,7 +296,7 @@ async def test_report_validation_and_unknown_lease() -> None:
 async def test_report_cooldown_409_then_expiry(clock: trio.testing.MockClock) -> None:
     store = make_store(cooldown=600)
     with trio.fail_after(30 + 605):  # the deadline moves with the jumps below
-        async with discovery(MemorySource([make_proxy("a")]), store, limits=FRESH) as client:
+        async with discovery(MemorySource([make_proxy("a")]), store) as client:
             lease_id = (await lease(client, {"target": "shop.example"})).json()["leaseId"]
             assert (await report(client, lease_id, {"result": "rate_limited"})).status_code == 204
             r = await lease(client, {"target": "shop.example"})
@@ -348,7 +342,7 @@ async def test_late_report_on_expired_lease(clock: trio.testing.MockClock) -> No
     store = make_store(cooldown=600)
     with trio.fail_after(30 + 611):  # the deadline moves with the jumps below
         source = MemorySource([make_proxy("a", max_leases=1)])
-        async with discovery(source, store, limits=FRESH) as client:
+        async with discovery(source, store) as client:
             lease_id = (await lease(client, {"ttlSeconds": 10})).json()["leaseId"]
             await jump(clock, 11)
             # Expired: its slot is free again without any sweeper ...

@@ -6,6 +6,7 @@ import httpx
 import pytest
 import trio
 import trio.testing
+from hypercorn.config import Config
 
 from egressd.http.common import json_response, new_app
 from egressd.http.serve import serve_app
@@ -82,3 +83,91 @@ async def test_grace_bounds_the_stop() -> None:
                     await entered.wait()
                     server.cancel()
             await stopped.wait()
+
+
+def quick_app():  # type: ignore[no-untyped-def]
+    app = new_app("test.quick")
+
+    @app.get("/")
+    async def root():  # type: ignore[no-untyped-def]
+        return json_response({"ok": True})
+
+    return app
+
+
+REQUEST = b"GET / HTTP/1.1\r\nhost: test\r\n\r\n"
+
+
+async def read_response(stream: trio.SocketStream) -> bytes:
+    """One whole response (content-length framed), or what came before the peer closed."""
+    data = b""
+    while True:
+        head, sep, body = data.partition(b"\r\n\r\n")
+        if sep:
+            length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                          if line.lower().startswith(b"content-length:"))
+            if len(body) >= length:
+                return data
+        chunk = await stream.receive_some()
+        if not chunk:
+            return data
+        data += chunk
+
+
+async def served_stream(nursery: trio.Nursery, server: trio.CancelScope, *,
+                        grace: float) -> trio.SocketStream:
+    async def run_server(task_status: trio.TaskStatus[list[str]]) -> None:
+        with server:
+            await serve_app(quick_app(), "127.0.0.1:0", grace=grace, task_status=task_status)
+
+    urls = await nursery.start(run_server)
+    return await trio.open_tcp_stream("127.0.0.1", int(urls[0].rsplit(":", 1)[1]))
+
+
+async def test_request_sent_just_before_the_stop_is_answered() -> None:
+    with trio.fail_after(10):
+        async with trio.open_nursery() as outer:
+            server = trio.CancelScope()
+            stream = await served_stream(outer, server, grace=5)
+            async with stream:
+                await stream.send_all(REQUEST)
+                assert b" 200 " in await read_response(stream)
+                await trio.testing.wait_all_tasks_blocked()
+                # A second request on the kept-alive connection, then the stop at once: its
+                # bytes are in the server's socket but not yet read, parsed or counted.
+                await stream.send_all(REQUEST)
+                server.cancel()
+                assert b" 200 " in await read_response(stream)
+                # Stopping: the connection is closed after that answer, not kept alive.
+                assert await stream.receive_some() == b""
+
+
+async def test_idle_keep_alive_connection_does_not_hold_the_stop() -> None:
+    with trio.fail_after(10):  # far below the grace: the stop must not wait for it
+        async with trio.open_nursery() as outer:
+            server = trio.CancelScope()
+            stream = await served_stream(outer, server, grace=600)
+            async with stream:
+                await stream.send_all(REQUEST)
+                assert b" 200 " in await read_response(stream)
+                await trio.testing.wait_all_tasks_blocked()
+                server.cancel()
+                assert await stream.receive_some() == b""
+
+
+async def test_idle_keep_alive_connection_times_out(clock: trio.testing.MockClock) -> None:
+    # Hypercorn's keep-alive timer is started at the end of each response; Quart-Trio's
+    # cancellation on the response's disconnect used to kill it, so idle connections
+    # were never closed.
+    with trio.fail_after(10):
+        async with trio.open_nursery() as outer:
+            server = trio.CancelScope()
+            stream = await served_stream(outer, server, grace=1)
+            async with stream:
+                for _ in range(2):
+                    await stream.send_all(REQUEST)
+                    assert b" 200 " in await read_response(stream)
+                await trio.testing.wait_all_tasks_blocked()
+                clock.jump(Config().keep_alive_timeout + 1)
+                assert await stream.receive_some() == b""
+                server.cancel()
