@@ -9,6 +9,7 @@ import httpx
 import pytest
 import trio
 
+from egressd.sandbox.apiserver.wire import MAX_BODY
 from tests.sandbox.support import (
     APPLY,
     EVENTS,
@@ -48,6 +49,9 @@ async def test_json_patch_and_a_failed_test_op(api_client: httpx.AsyncClient) ->
             {"op": "replace", "path": "/spec/port", "value": 9090}])
         assert failed.status_code == 422
         assert failed.json()["kind"] == "Status" and failed.json()["reason"] == "Invalid"
+        assert failed.json()["details"]["causes"] == [{
+            "reason": "UnexpectedServerResponse",
+            "message": "testing value /spec/port failed: test failed"}]
         missing = await api_client.patch(f"{PROXIES}/a", headers=JSON_PATCH, json=[
             {"op": "remove", "path": "/spec/nothing/here"}])
         assert missing.status_code == 422
@@ -225,3 +229,12 @@ async def test_a_patch_to_a_wrong_type_is_400(api_client: httpx.AsyncClient) -> 
         assert "labels" not in nulled.json()["metadata"]
         listed = await api_client.get(PROXIES, params={"labelSelector": "tier"})
         assert listed.status_code == 200
+
+
+async def test_a_body_over_the_limit_is_413_status(api_client: httpx.AsyncClient) -> None:
+    with trio.fail_after(10):
+        response = await api_client.post(PROXIES, content=b" " * (MAX_BODY + 10),
+                                         headers={"Content-Type": "application/json"})
+        assert response.status_code == 413
+        assert response.json()["reason"] == "RequestEntityTooLarge"
+        assert (await api_client.get(PROXIES)).status_code == 200

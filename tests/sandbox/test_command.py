@@ -23,7 +23,9 @@ def test_full_sandbox_is_not_built_yet(capsys: pytest.CaptureFixture[str]) -> No
     assert "--api-only" in capsys.readouterr().err
 
 
-async def test_api_only_serves_until_sigterm(tmp_path: Path) -> None:
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT])
+async def test_api_only_serves_until_sigterm_or_ctrl_c(tmp_path: Path, stop: signal.Signals
+                                                       ) -> None:
     ready = tmp_path / "ready.json"
     with trio.fail_after(60):
         process = await trio.lowlevel.open_process(
@@ -49,9 +51,11 @@ async def test_api_only_serves_until_sigterm(tmp_path: Path) -> None:
                 response = await client.get(
                     info["server"] + "/apis/crawl.example.com/v1alpha1/proxies")
             assert response.status_code == 200
-            process.send_signal(signal.SIGTERM)
+            process.send_signal(stop)
             assert await process.wait() == 0
+            # Nothing left behind: the ready file and the kubeconfig (with its token) go too.
             assert not ready.exists()
+            assert not await trio.Path(info["kubeconfig"]).exists()
         finally:
             if process.returncode is None:
                 process.kill()

@@ -130,12 +130,6 @@ def unauthorized() -> ApiError:
     return ApiError(401, "Unauthorized", "Unauthorized")
 
 
-def forbidden(plural: str, group: str, name: str, why: str) -> ApiError:
-    """A write the API forbids for the object's current state."""
-    return ApiError(403, "Forbidden", f'{qualified(plural, group)} "{name}" is forbidden: {why}',
-                    details=_details(name, group, plural))
-
-
 def too_large(limit: int) -> ApiError:
     """A request body above the server's limit."""
     return ApiError(413, "RequestEntityTooLarge",

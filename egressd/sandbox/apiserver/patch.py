@@ -25,7 +25,6 @@ MERGE = "application/merge-patch+json"
 JSON_PATCH = "application/json-patch+json"
 STRATEGIC = "application/strategic-merge-patch+json"
 APPLY = "application/apply-patch+yaml"
-APPLY_CBOR = "application/apply-patch+cbor"
 
 # Lists merged by a key in strategic merge and apply (kube's patchMergeKey tags).
 MERGE_KEYS = {
@@ -52,20 +51,31 @@ def merge_patch(target: Any, patch: Any) -> Any:
     return result
 
 
+def _rejected(detail: str) -> ApiError:
+    # kube-apiserver's answer to a patch that cannot apply: a generic 422 whose
+    # cause carries the JSON patch library's message.
+    return ApiError(422, "Invalid", "the server rejected our request due to an error in our "
+                    "request", details={"causes": [{"reason": "UnexpectedServerResponse",
+                                                    "message": detail}]})
+
+
 def json_patch(target: dict[str, Any], ops: Any) -> dict[str, Any]:
     """RFC 6902; an op that cannot apply (a failed `test` included) is a 422."""
     if not isinstance(ops, list):
         raise bad_request("json: cannot unmarshal object into Go value of type jsonpatch.Patch")
-    try:
-        result = jsonpatch.apply_patch(target, ops)
-    except jsonpatch.JsonPatchTestFailed as exc:
-        raise unprocessable(f"the server rejected our request due to an error in our request: "
-                            f"testing value failed: {exc}") from None
-    except (jsonpatch.JsonPatchConflict, jsonpatch.JsonPointerException) as exc:
-        raise unprocessable(f"the server rejected our request due to an error in our request: "
-                            f"{exc}") from None
-    except (jsonpatch.InvalidJsonPatch, TypeError, KeyError, ValueError) as exc:
-        raise bad_request(f"invalid JSON patch: {exc}") from None
+    result: Any = target
+    # One op at a time, so an error can name the op's path as kube's library does.
+    for op in ops:
+        path = op.get("path") if isinstance(op, dict) else None
+        try:
+            result = jsonpatch.apply_patch(result, [op])
+        except jsonpatch.JsonPatchTestFailed:
+            raise _rejected(f"testing value {path} failed: test failed") from None
+        except (jsonpatch.JsonPatchConflict, jsonpatch.JsonPointerException) as exc:
+            raise _rejected(f"{exc} (op {op.get('op')!r} at {path})") from None
+        except (jsonpatch.InvalidJsonPatch, TypeError, KeyError, ValueError,
+                AttributeError) as exc:
+            raise bad_request(f"invalid JSON patch: {exc}") from None
     if not isinstance(result, dict):
         raise unprocessable("the patch replaced the whole object with a non-object")
     return result

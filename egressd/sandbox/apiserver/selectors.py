@@ -9,7 +9,7 @@ Labels: `k=v`, `k==v`, `k!=v`, `k in (a,b)`, `k notin (a,b)`, `k`, `!k`,
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import attrs
@@ -172,5 +172,3 @@ class FieldSelector:
                 return value
         return None
 
-
-Matcher = Callable[[Mapping[str, Any]], bool]

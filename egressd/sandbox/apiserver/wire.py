@@ -8,7 +8,7 @@ watching client goes away (a reader task sees the EOF).
 
 from __future__ import annotations
 
-import logging
+import json
 import ssl
 from collections.abc import Awaitable, Callable, Mapping
 from urllib.parse import parse_qsl, urlsplit
@@ -17,7 +17,7 @@ import attrs
 import h11
 import trio
 
-log = logging.getLogger("egressd.sandbox.apiserver")
+from egressd.sandbox.apiserver.errors import too_large
 
 MAX_BODY = 3 * 1024 * 1024  # kube-apiserver's request body limit
 _MAX_HEADERS = 64 * 1024
@@ -190,8 +190,10 @@ async def serve_connection(tcp: trio.SocketStream, ssl_context: ssl.SSLContext,
             try:
                 request = await _read_request(stream, conn)
             except _BodyTooLarge:
+                body = json.dumps(too_large(MAX_BODY).status()).encode()
                 await _send(stream, conn.send(_head(413, (("Connection", "close"),),
-                                                    "application/json", 0)))
+                                                    "application/json", len(body))))
+                await _send(stream, conn.send(h11.Data(data=body)))
                 await _send(stream, conn.send(h11.EndOfMessage()))
                 return
             except h11.RemoteProtocolError:
