@@ -10,7 +10,8 @@ from typing import Any
 
 ERROR_CODES = (
     "invalid_body", "invalid_ttl", "invalid_result", "invalid_selector", "invalid_query",
-    "no_proxy_available", "unknown_lease", "unauthorized", "body_too_large", "not_found",
+    "no_proxy_available", "unknown_lease", "unauthorized", "body_too_large", "body_timeout",
+    "not_found",
     "method_not_allowed", "internal_error",
 )
 
@@ -125,6 +126,7 @@ def _json(schema: str, description: str) -> dict[str, Any]:
 _ERRORS = {
     "400": _json("Error", "malformed request"),
     "401": _json("Error", "missing or wrong bearer token"),
+    "408": _json("Error", "body not received within 60 s"),
     "413": _json("Error", "body larger than 64 KiB"),
 }
 

@@ -1,0 +1,80 @@
+"""The discovery API's middleware stack in its SPEC §7 order, seen from the wire.
+
+Recovery is outermost, then the request log, then the 64 KiB body cap, then
+auth: so an oversized unauthenticated body is a 413 (the cap runs first), every
+refused request is still logged once, and a crash is logged as the 500 it became.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import trio
+import trio.testing
+
+from egressd.http.discovery import create_discovery_app
+from egressd.http.middleware import BODY_TIMEOUT
+from tests.http.support import TOKEN, MemorySource, discovery, make_proxy, make_store, running
+
+
+def request_lines(caplog: pytest.LogCaptureFixture) -> list[tuple[str, str, int | None]]:
+    return [(r.method, r.path, r.status) for r in caplog.records  # type: ignore[attr-defined]
+            if r.name == "egressd.http.middleware" and r.getMessage() == "request"]
+
+
+async def test_order_recovery_log_cap_auth(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="egressd")
+    app = create_discovery_app(MemorySource([make_proxy("a")]), store=make_store(),
+                               default_ttl=300, max_ttl=3600, token=TOKEN)
+
+    @app.get("/boom")
+    async def boom() -> str:
+        raise RuntimeError("kaboom")
+
+    big = b"{" + b" " * (65 * 1024) + b"}"
+    with trio.fail_after(10):
+        async with running(app) as anonymous:
+            # Body cap before auth: no token, oversized body -> 413, not 401.
+            r = await anonymous.post("/v1/leases", content=big)
+            assert (r.status_code, r.json()["error"]) == (413, "body_too_large")
+            r = await anonymous.post("/v1/leases", json={})
+            assert (r.status_code, r.json()["error"]) == (401, "unauthorized")
+            r = await anonymous.get("/healthz")
+            assert r.status_code == 200
+            headers = {"Authorization": f"Bearer {TOKEN}"}
+            r = await anonymous.get("/boom", headers=headers)
+            assert r.json() == {"error": "internal_error", "message": "internal server error"}
+    # The log sits outside cap and auth (refusals are logged) and inside recovery
+    # (the crash is logged with the status the client got).
+    assert request_lines(caplog) == [
+        ("POST", "/v1/leases", 413), ("POST", "/v1/leases", 401), ("GET", "/healthz", 200),
+        ("GET", "/boom", 500)]
+    assert TOKEN not in caplog.text
+
+
+async def test_a_trickled_body_times_out_with_408(clock: trio.testing.MockClock) -> None:
+    with trio.fail_after(10 + BODY_TIMEOUT):  # the deadline moves with the jumps below
+        async with discovery(MemorySource([make_proxy("a")])) as client:
+            stream = await trio.open_tcp_stream(client.base_url.host, client.base_url.port or 0)
+            async with stream:
+                await stream.send_all(
+                    b"POST /v1/leases HTTP/1.1\r\nhost: x\r\ncontent-length: 100\r\n"
+                    b"authorization: Bearer " + TOKEN.encode() + b"\r\n\r\n{")
+                await trio.testing.wait_all_tasks_blocked()
+                clock.jump(BODY_TIMEOUT - 1)
+                await trio.testing.wait_all_tasks_blocked()
+                with trio.move_on_after(0.2) as early:  # no answer before the timeout
+                    await stream.receive_some()
+                assert early.cancelled_caught
+                clock.jump(2)
+                data = b""
+                while b"}" not in data:
+                    chunk = await stream.receive_some()
+                    assert chunk, data
+                    data += chunk
+            assert data.startswith(b"HTTP/1.1 408 ")
+            assert b'"error":"body_timeout"' in data
+            # Nothing was leased.
+            view = (await client.get("/v1/proxies")).json()["items"][0]
+            assert view["activeLeases"] == 0
