@@ -67,7 +67,7 @@ _MISSING: Final = _Missing()
 
 class SchemaError(EgressdError):
     """The CRD cannot be served: the version is not in it, a schema keyword has the wrong
-    shape, or a CEL rule does not compile.
+    shape, a CEL rule does not compile, or a `default` fails its own schema or rules.
 
     A real API server rejects such a CRD at creation; the fake one fails to start.
     """
@@ -121,6 +121,15 @@ def _go_value(value: object) -> str:
             int(value)
         )
     return json.dumps(value, separators=(",", ":"))
+
+
+def _go_map(value: Mapping[str, Any]) -> str:
+    """A JSON object as Go's %#v prints a map[string]interface{} (keys sorted)."""
+    def item(v: object) -> str:
+        return "interface {}(nil)" if v is None else _go_value(v)
+
+    body = ", ".join(f"{json.dumps(k)}:{item(value[k])}" for k in sorted(value))
+    return f"map[string]interface {{}}{{{body}}}"
 
 
 def _json_type(value: object) -> str:
@@ -400,13 +409,16 @@ class CRDSchema:
         self._root = root
         self._printer_columns = printer_columns
         self.status_subresource = status_subresource
+        # kube-apiserver builds no CEL validator for a schema without rules, and only
+        # that validator adds the "rules were not checked" cause.
+        self._has_rules = _has_rules(root)
 
     @classmethod
     def from_crd(cls, crd: Mapping[str, Any], version: str) -> CRDSchema:
         """Digest `crd` (an apiextensions.k8s.io/v1 CRD as a dict) for `version`.
 
         Raises `SchemaError` if the version is absent, a schema keyword has the wrong
-        shape or a rule does not compile.
+        shape, a rule does not compile or a default fails its schema or rules.
         """
         spec = crd.get("spec") or {}
         for ver in spec.get("versions") or ():
@@ -423,11 +435,40 @@ class CRDSchema:
             "x-kubernetes-preserve-unknown-fields": True,
         }
         env = celpy.Environment()
-        return cls(
+        built = cls(
             _build(raw, env, ""),
             printer_columns=copy.deepcopy(list(ver.get("additionalPrinterColumns") or ())),
             status_subresource="status" in (ver.get("subresources") or {}),
         )
+        index = next(i for i, v in enumerate(spec["versions"]) if v is ver)
+        built._check_defaults(built._root, f"spec.versions[{index}].schema.openAPIV3Schema")
+        return built
+
+    def _check_defaults(self, node: _Node, where: str) -> None:
+        """Refuse a `default` kube-apiserver refuses when the CRD is created.
+
+        As its `ValidateDefaults`: each default, exactly as written (children's
+        defaults are not applied to it first), must hold no field pruning would
+        drop, pass the node's schema, then the node's CEL rules (with oldSelf = the
+        default). additionalProperties is not followed, as there.
+        """
+        if node.default is not _MISSING:
+            path = f"{where}.default"
+            pruned = copy.deepcopy(node.default)
+            dropped: list[str] = []
+            self._prune(node, pruned, path, dropped)
+            errors = [FieldError(path, reason=INVALID, message=(
+                f"Invalid value: {_go_value(node.default)}: must not have unknown fields "
+                f"({', '.join(dropped)})"))] if dropped else []
+            self._check(node, node.default, path, errors)
+            if not errors:
+                self._run_rules(node, node.default, node.default, path, errors)
+            if errors:
+                raise SchemaError("; ".join(str(e) for e in errors))
+        if node.items is not None:
+            self._check_defaults(node.items, f"{where}.items")
+        for key, child in node.properties.items():
+            self._check_defaults(child, f"{where}.properties[{key}]")
 
     @property
     def printer_columns(self) -> list[dict[str, Any]]:
@@ -519,7 +560,8 @@ class CRDSchema:
         errors: list[FieldError] = []
         self._check(self._root, obj, "", errors, root=True)
         if any(e.reason in _BLOCKING for e in errors):
-            errors.append(RULES_NOT_CHECKED)
+            if self._has_rules:
+                errors.append(RULES_NOT_CHECKED)
             return errors
         self._run_rules(self._root, obj, _MISSING if old is None else old, "", errors, root=True)
         return errors
@@ -615,18 +657,24 @@ class CRDSchema:
             for i, item in enumerate(value):
                 self._check(node.items, item, f"{path}[{i}]", errors)
         if node.list_type in ("set", "map"):
+            # As kube-apiserver's list-type check: one error per duplicated key, at its
+            # first repeat; a map key is shown as Go prints a map (%#v), missing keys left out.
             seen: list[Any] = []
+            reported: list[Any] = []
             for i, item in enumerate(value):
                 ident: Any = item
                 if node.list_type == "map":
                     if not isinstance(item, dict):
                         continue
-                    ident = {k: item.get(k) for k in node.list_map_keys}
-                if any(_json_equal(ident, s) for s in seen):
-                    errors.append(FieldError(f"{path}[{i}]", reason=DUPLICATE, message=(
-                        f"Duplicate value: {_go_value(ident)}")))
-                else:
+                    ident = {k: item[k] for k in node.list_map_keys if k in item}
+                if not any(_json_equal(ident, s) for s in seen):
                     seen.append(ident)
+                elif not any(_json_equal(ident, r) for r in reported):
+                    reported.append(ident)
+                    shown_value = (_go_map(ident) if node.list_type == "map"
+                                   else _go_value(ident))
+                    errors.append(FieldError(f"{path}[{i}]", reason=DUPLICATE, message=(
+                        f"Duplicate value: {shown_value}")))
 
     def _check_object(self, node: _Node, value: dict[str, Any], path: str,
                       errors: list[FieldError], *, root: bool) -> None:
@@ -728,6 +776,11 @@ class CRDSchema:
         if rule.message:
             return rule.message
         return f"failed rule: {rule.rule}"
+
+
+def _has_rules(node: _Node) -> bool:
+    children = [*node.properties.values(), node.items, node.additional]
+    return bool(node.rules) or any(isinstance(c, _Node) and _has_rules(c) for c in children)
 
 
 def _cel_error_text(exc: BaseException) -> str:

@@ -300,7 +300,7 @@ BAD_STATUSES = [
     ({"conditions": [
         {"type": "Healthy", "status": "True", "lastTransitionTime": "2024-05-01T10:00:00Z"},
         {"type": "Healthy", "status": "False", "lastTransitionTime": "2024-05-01T10:00:00Z"}]},
-     ['status.conditions[1]: Duplicate value: {"type":"Healthy"}']),
+     ['status.conditions[1]: Duplicate value: map[string]interface {}{"type":"Healthy"}']),
 ]
 
 

@@ -79,6 +79,49 @@ def test_malformed_keywords_are_schema_errors(props: dict[str, Any], message: st
         schema_for(props)
 
 
+_DEFAULT_AT = r"spec\.versions\[0\]\.schema\.openAPIV3Schema\.properties\[spec\]"
+
+
+@pytest.mark.parametrize(("props", "message"), [
+    # The default is checked as written: its children's defaults do not fill it first.
+    ({"hc": {"type": "object", "default": {},
+             "x-kubernetes-validations": [{"rule": "self.t < self.i"}],
+             "properties": {"t": {"type": "integer", "default": 1},
+                            "i": {"type": "integer", "default": 2}}}},
+     _DEFAULT_AT + r'\.properties\[hc\]\.default: Invalid value: "object": no such key: t '
+     r"evaluating rule: self\.t < self\.i"),
+    ({"n": {"type": "integer", "minimum": 1, "default": 0}},
+     _DEFAULT_AT + r"\.properties\[n\]\.default: Invalid value: 0: .* should be greater "
+     r"than or equal to 1"),
+    ({"o": {"type": "object", "properties": {"a": {"type": "string"}},
+            "default": {"a": "x", "b": "y"}}},
+     _DEFAULT_AT + r"\.properties\[o\]\.default: .*must not have unknown fields"),
+    ({"l": {"type": "array", "items": {"type": "string", "enum": ["a"], "default": "b"}}},
+     _DEFAULT_AT + r'\.properties\[l\]\.items\.default: Unsupported value: "b"'),
+    ({"m": {"type": "string", "default": "x",
+            "x-kubernetes-validations": [{"rule": "self == oldSelf && self != 'x'",
+                                          "message": "not x"}]}},
+     r"default: Invalid value: \"string\": not x"),
+], ids=["rule-reads-a-child", "out-of-bounds", "unknown-field", "list-item", "transition-rule"])
+def test_defaults_a_real_server_refuses_are_schema_errors(props: dict[str, Any],
+                                                          message: str) -> None:
+    with pytest.raises(SchemaError, match=message):
+        schema_for(props)
+
+
+def test_defaults_that_pass_their_schema_and_rules_are_accepted() -> None:
+    schema = schema_for({
+        "hc": {"type": "object", "default": {},
+               "x-kubernetes-validations": [
+                   {"rule": "!has(self.t) || !has(self.i) || self.t < self.i"}],
+               "properties": {"t": {"type": "integer", "default": 1},
+                              "i": {"type": "integer", "default": 2}}},
+        # Defaults under additionalProperties are not checked, as in kube-apiserver.
+        "m": {"type": "object", "additionalProperties": {"type": "integer", "default": "x"}},
+    })
+    assert schema.apply_defaults({"spec": {}})["spec"]["hc"] == {"t": 1, "i": 2}
+
+
 def test_printer_columns_and_status_subresource() -> None:
     columns = [{"name": "Size", "type": "integer", "jsonPath": ".spec.size"}]
     schema = CRDSchema.from_crd(
@@ -195,7 +238,7 @@ def test_status_is_defaulted_too() -> None:
 
 # -- structural validation --------------------------------------------------------------
 
-BOUNDS = schema_for({
+BOUNDS_PROPS: dict[str, Any] = {
     "mode": {"type": "string", "enum": ["Managed", "External"]},
     "port": {"type": "integer", "minimum": 1, "maximum": 65535},
     "ratio": {"type": "number", "minimum": 0, "exclusiveMinimum": True, "maximum": 1,
@@ -216,7 +259,11 @@ BOUNDS = schema_for({
                         "properties": {"type": {"type": "string"}, "v": {"type": "integer"}}}},
     "req": {"type": "object", "required": ["a", "b"],
             "properties": {"a": {"type": "string"}, "b": {"type": "string"}}},
-})
+}
+BOUNDS = schema_for(BOUNDS_PROPS)
+# kube-apiserver adds the "rules were not checked" cause only for a schema with rules.
+BOUNDS_WITH_A_RULE = schema_for(BOUNDS_PROPS, **{"x-kubernetes-validations": [
+    {"rule": "true"}]})
 
 
 @pytest.mark.parametrize(
@@ -311,16 +358,21 @@ BOUNDS = schema_for({
         ({"set": ["a", "b", "a"]},
          FieldError("spec.set[2]", reason="FieldValueDuplicate",
                     message='Duplicate value: "a"')),
+        # One error per duplicated value, at its first repeat.
+        ({"set": ["a", "a", "a"]},
+         FieldError("spec.set[1]", reason="FieldValueDuplicate",
+                    message='Duplicate value: "a"')),
         ({"conds": [{"type": "A", "v": 1}, {"type": "A", "v": 2}]},
          FieldError("spec.conds[1]", reason="FieldValueDuplicate",
-                    message='Duplicate value: {"type":"A"}')),
+                    message='Duplicate value: map[string]interface {}{"type":"A"}')),
         ({"req": {"b": "x"}},
          FieldError("spec.req.a", reason="FieldValueRequired", message="Required value")),
     ],
     ids=lambda v: v.reason if isinstance(v, FieldError) else None,
 )
 def test_structural_errors(spec: dict[str, Any], expected: FieldError) -> None:
-    found = BOUNDS.validate({"spec": spec})
+    assert BOUNDS.validate({"spec": spec}) == [expected]
+    found = BOUNDS_WITH_A_RULE.validate({"spec": spec})
     assert found[0] == expected
     blocking = expected.reason in {"FieldValueNotSupported", "FieldValueRequired",
                                    "FieldValueTooLong", "FieldValueTooMany",
