@@ -73,11 +73,11 @@ def create_discovery_app(
         if len(healthy_args) > 1:
             raise ApiError("invalid_query", "give healthy once")
         healthy = parse_bool(healthy_args[0], "healthy") if healthy_args else None
+        # In key order already (the source keeps it): no sort per request.
         chosen = [
             p for p in source.proxies()
             if matches(p, selector) and (healthy is None or (is_healthy(p) is True) is healthy)
         ]
-        chosen.sort(key=lambda p: p.key)
         usage = await store.usage(p.key for p in chosen)
         return json_response({"items": [proxy_view(p, usage.get(p.key)) for p in chosen]})
 

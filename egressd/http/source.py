@@ -29,7 +29,10 @@ class ProxySource(Protocol):
         ...
 
     def proxies(self) -> Iterable[Proxy]:
-        """Every Proxy currently known, in no particular order."""
+        """Every Proxy currently known, by key ("namespace/name").
+
+        Iterate without awaiting in between: the view is live.
+        """
         ...
 
     def get(self, key: str) -> Proxy | None:
@@ -42,12 +45,14 @@ class InformerProxySource:
 
     Requests then read ready `Proxy` values instead of parsing raw dicts per
     request. An object that does not parse is left out (and logged), never served
-    half-read.
+    half-read. The key order is sorted again only after a proxy comes or goes, not
+    per request (status updates, the frequent events, keep it).
     """
 
     def __init__(self, informer: Informer) -> None:
         self._informer = informer
         self._proxies: dict[str, Proxy] = {}
+        self._order: list[str] | None = []
         informer.add_handler(
             on_add=self._put, on_update=lambda _old, new: self._put(new), on_delete=self._drop)
 
@@ -56,7 +61,10 @@ class InformerProxySource:
         return self._informer.synced
 
     def proxies(self) -> Iterable[Proxy]:
-        return self._proxies.values()
+        if self._order is None:
+            self._order = sorted(self._proxies)
+        proxies = self._proxies
+        return (proxies[key] for key in self._order)
 
     def get(self, key: str) -> Proxy | None:
         return self._proxies.get(key)
@@ -64,11 +72,16 @@ class InformerProxySource:
     def _put(self, obj: dict[str, Any]) -> None:
         key = object_key(obj)
         try:
-            self._proxies[key] = parse_proxy(obj)
+            proxy = parse_proxy(obj)
         except ModelError as exc:
-            self._proxies.pop(key, None)
+            self._drop(obj)
             log.warning("ignoring a Proxy that does not parse",
                         extra={"proxy": key, "error": str(exc)})
+            return
+        if key not in self._proxies:
+            self._order = None
+        self._proxies[key] = proxy
 
     def _drop(self, obj: dict[str, Any]) -> None:
-        self._proxies.pop(object_key(obj), None)
+        if self._proxies.pop(object_key(obj), None) is not None:
+            self._order = None

@@ -44,7 +44,7 @@ class MemorySource:
         return self._synced
 
     def proxies(self) -> Iterable[Proxy]:
-        return self._proxies.values()
+        return [self._proxies[key] for key in sorted(self._proxies)]
 
     def get(self, key: str) -> Proxy | None:
         return self._proxies.get(key)

@@ -47,7 +47,16 @@ async def test_list_lease_report_over_the_informer(
                 store.attach(informer)
                 await nursery.start(store.run)
                 assert (await ops.get("/readyz")).status_code == 200
+                # One more proxy through the watch, after the (sorted) initial list.
+                added = trio.Event()
+                informer.add_handler(
+                    on_add=lambda obj: obj["metadata"]["name"] == "ap-c" and added.set())
+                apiserver.create(proxy("ap-c", "ap"))
+                await added.wait()
             async with running(app) as client:
+                # By key, whatever order the informer delivered them in.
+                items = (await client.get("/v1/proxies")).json()["items"]
+                assert [p["name"] for p in items] == ["ap-c", "eu-a", "us-b"]
                 items = (await client.get("/v1/proxies?healthy=true")).json()["items"]
                 assert [(p["name"], p["latencyMs"], p["phase"]) for p in items] == [
                     ("eu-a", 40, "Ready")]
@@ -60,7 +69,7 @@ async def test_list_lease_report_over_the_informer(
                 r = await client.post("/v1/leases", json={"target": "shop.example"})
                 assert r.status_code == 409
                 assert (r.json()["considered"], r.json()["unhealthy"],
-                        r.json()["inCooldown"]) == (2, 1, 1)
+                        r.json()["inCooldown"]) == (3, 2, 1)
                 # The ban reached the Proxy's status.
                 changed = trio.Event()
                 informer.add_handler(on_update=lambda _o, _n: changed.set())
