@@ -230,20 +230,40 @@ def _kubeconfig_loader(path: str, context: str | None, source: str) -> Callable[
     return load
 
 
-def _context_namespace(path: str, context: str | None) -> str | None:
+def _context_namespace(path: str, context: str | None, source: str, cfg: Any) -> str | None:
+    """The context's namespace; also rejects what the package's loader lets through.
+
+    The loader quietly ignores a context whose user is not in the file, and an
+    exec plugin that fails (it only logs); kubectl refuses both, and a daemon
+    running without credentials would only see 401s.
+    """
     from kubernetes.config import kube_config
 
     try:
         contexts, current = kube_config.list_kube_config_contexts(  # type: ignore[no-untyped-call]
             config_file=path)
-    except Exception:  # the loader already validated the file; a namespace is optional
+        merged = kube_config.KubeConfigMerger(path).config  # type: ignore[no-untyped-call]
+        users = [node.value for node in merged.value.get("users") or []]
+    except Exception:  # the loader already validated the file; these checks are extra
         return None
     wanted = context or (current or {}).get("name")
-    for ctx in contexts or []:
-        if ctx.get("name") == wanted:
-            ns = (ctx.get("context") or {}).get("namespace")
-            return str(ns) if ns else None
-    return None
+    body: dict[str, Any] = next(
+        (ctx.get("context") or {} for ctx in contexts or [] if ctx.get("name") == wanted), {})
+    user_name = body.get("user")
+    if user_name:
+        user = next((u.get("user") or {} for u in users
+                     if isinstance(u, dict) and u.get("name") == user_name), None)
+        if user is None:
+            raise ConfigError(
+                f'{source}: user "{user_name}" was not found for context "{wanted}"')
+        exec_spec = user.get("exec")
+        if isinstance(exec_spec, dict) and not cfg.api_key.get("BearerToken") and not (
+                cfg.cert_file):
+            raise ConfigError(
+                f"{source}: exec plugin {exec_spec.get('command')!r} of user "
+                f'"{user_name}" gave no credentials (its error is logged above)')
+    ns = body.get("namespace")
+    return str(ns) if ns else None
 
 
 def _load_kubeconfig_sync(
@@ -257,7 +277,8 @@ def _load_kubeconfig_sync(
     load = _kubeconfig_loader(expanded, context, source)
     cfg = load()
     return _from_configuration(
-        cfg, load=load, namespace=_context_namespace(expanded, context), source=source,
+        cfg, load=load, namespace=_context_namespace(expanded, context, source, cfg),
+        source=source,
         refresh_interval=refresh_interval, refresh_timeout=refresh_timeout)
 
 

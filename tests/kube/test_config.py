@@ -70,6 +70,24 @@ async def test_malformed_kubeconfig_names_the_file(tmp_path: Path, text: str) ->
         await load_config(kubeconfig=str(path), context=None)
 
 
+async def test_context_with_a_missing_user_is_refused(ca: trustme.CA, tmp_path: Path) -> None:
+    path = write_kubeconfig(tmp_path / "config", server="https://127.0.0.1:6443",
+                            ca_pem=ca.cert_pem.bytes(), user={"token": "t"})
+    path.write_text(path.read_text().replace("user: u", "user: ghost"))
+    with pytest.raises(ConfigError, match=r'config.*user "ghost" was not found'):
+        await load_config(kubeconfig=str(path), context=None)
+
+
+async def test_exec_plugin_that_cannot_run_is_refused(ca: trustme.CA, tmp_path: Path) -> None:
+    missing = tmp_path / "no-such-plugin"
+    path = write_kubeconfig(
+        tmp_path / "config", server="https://127.0.0.1:6443", ca_pem=ca.cert_pem.bytes(),
+        user={"exec": {"apiVersion": "client.authentication.k8s.io/v1beta1",
+                       "command": str(missing)}})
+    with pytest.raises(ConfigError, match=rf"config.*{re.escape(str(missing))}.*no credentials"):
+        await load_config(kubeconfig=str(path), context=None)
+
+
 async def _mtls_server(
     ca: trustme.CA, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED
 ) -> None:
