@@ -177,8 +177,9 @@ async def test_list_pagination(api_client: httpx.AsyncClient) -> None:
             if not token:
                 break
         assert names == [f"p{i}" for i in range(5)]
-        bad = await api_client.get(ALL_PROXIES, params={"continue": "garbage"})
-        assert bad.status_code == 400
+        for params in ({"continue": "garbage"}, {"limit": "-1"}, {"limit": "ten"}):
+            bad = await api_client.get(ALL_PROXIES, params=params)
+            assert bad.status_code == 400, params
 
 
 async def test_leases_and_secrets_crud(api_client: httpx.AsyncClient) -> None:

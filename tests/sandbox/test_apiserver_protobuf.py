@@ -6,9 +6,13 @@ dump); the others are built with a small encoder of the same wire format.
 
 from __future__ import annotations
 
+import json
+
 import httpx
 import pytest
 import trio
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from egressd.sandbox.apiserver.protobuf import ProtobufError, UnsupportedKind, decode
 from tests.sandbox.support import PODS, PROXIES, SECRETS, created, pod, proxy
@@ -149,3 +153,15 @@ async def test_bad_protobuf_bodies_are_400_or_415(api_client: httpx.AsyncClient)
         assert "application/vnd.kubernetes.protobuf" in cbor.json()["message"]
         assert (await api_client.get(PODS)).json()["items"] == []
         await created(api_client, PODS, pod("p"))  # the server is still fine
+
+
+@settings(max_examples=300, deadline=None, database=None)
+@given(tail=st.binary(max_size=64), kind=st.sampled_from(["Secret", "Namespace", "DeleteOptions"]))
+def test_any_bytes_decode_or_raise_protobuf_error(tail: bytes, kind: str) -> None:
+    for body in (b"k8s\x00" + tail, envelope("v1", kind, tail)):
+        try:
+            result = decode(body)
+        except (ProtobufError, UnsupportedKind):
+            continue
+        assert isinstance(result, dict)
+        json.dumps(result)  # plain JSON values only, as the write pipeline expects

@@ -328,6 +328,9 @@ class ApiApp:
             limit = int(request.param("limit") or 0)
         except ValueError:
             raise bad_request("limit: Invalid value: must be an integer") from None
+        if limit < 0:
+            raise bad_request(f"limit: Invalid value: {limit}: must be greater than or equal "
+                              "to 0")
         items: list[Obj] = []
         more = False
         name_pin = fields.name()
