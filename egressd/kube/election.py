@@ -108,8 +108,8 @@ class LeaderElector:
     async def try_acquire_or_renew(self) -> bool:
         """One attempt to take or keep the Lease; False when someone else holds it.
 
-        On success `renewed_at` is the time the attempt began, at or before
-        the moment any other replica can have seen the write.
+        On success the attempt's start is kept as the renewal time: it is at
+        or before the moment any other replica can have seen the write.
         """
         began = trio.current_time()
         try:
@@ -136,11 +136,6 @@ class LeaderElector:
         self._observe(updated)
         self._renewed_at = began
         return True
-
-    @property
-    def renewed_at(self) -> float:
-        """trio time at which the last successful acquire/renew attempt began."""
-        return self._renewed_at
 
     async def acquire(self) -> None:
         """Return once this replica holds the Lease."""
