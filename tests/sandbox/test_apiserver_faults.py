@@ -5,6 +5,7 @@ from __future__ import annotations
 import httpx
 import pytest
 import trio
+import trio.testing
 
 from egressd.sandbox.apiserver import FakeApiServer
 from tests.fixtures.apiserver import make_client
@@ -82,17 +83,25 @@ async def test_drop_bookmarks(autojump_clock: trio.abc.Clock, apiserver: FakeApi
             assert await events.rest() == []
 
 
-async def test_refuse_connections_for_a_while(apiserver: FakeApiServer,
+async def test_refuse_connections_for_a_while(mock_clock: trio.testing.MockClock,
+                                              apiserver: FakeApiServer,
                                               api_client: httpx.AsyncClient) -> None:
-    with trio.fail_after(10):
+    # The refusal runs on trio's clock: a mock clock that only moves when told makes
+    # "still refused" and "listening again" exact, whatever the machine's speed.
+    with trio.fail_after(60):
         async with watch(api_client, ALL_PROXIES, resourceVersion="0") as events:
             await apiserver.wait_for_watchers("proxies")
-            apiserver.faults.refuse_connections(0.3)
+            apiserver.faults.refuse_connections(30)
             with pytest.raises(httpx.TransportError):
                 await events.rest()
         async with make_client(apiserver) as fresh:
             with pytest.raises(httpx.ConnectError):
                 await fresh.get(ALL_PROXIES)
+            mock_clock.jump(29)
+            await trio.testing.wait_all_tasks_blocked()
+            with pytest.raises(httpx.ConnectError):
+                await fresh.get(ALL_PROXIES)
+            mock_clock.jump(1)
             await apiserver.accepting.wait()
             assert (await fresh.get(ALL_PROXIES)).status_code == 200
 
