@@ -84,7 +84,8 @@ async def test_exec_plugin_that_cannot_run_is_refused(ca: trustme.CA, tmp_path: 
         tmp_path / "config", server="https://127.0.0.1:6443", ca_pem=ca.cert_pem.bytes(),
         user={"exec": {"apiVersion": "client.authentication.k8s.io/v1beta1",
                        "command": str(missing)}})
-    with pytest.raises(ConfigError, match=rf"config.*{re.escape(str(missing))}.*no credentials"):
+    expected = rf"config.*{re.escape(str(missing))}.*no credentials"
+    with trio.fail_after(10), pytest.raises(ConfigError, match=expected):
         await load_config(kubeconfig=str(path), context=None)
 
 
@@ -164,23 +165,24 @@ async def test_exec_plugin_kubeconfig(ca: trustme.CA, tmp_path: Path) -> None:
         tmp_path / "config", server="https://127.0.0.1:6443", ca_pem=ca.cert_pem.bytes(),
         user={"exec": {"apiVersion": "client.authentication.k8s.io/v1beta1",
                        "command": sys.executable, "args": [str(script), str(counter)]}})
-    cfg = await load_config(kubeconfig=str(path), context=None)
-    first = await cfg.credentials.header()
-    assert first is not None and first.startswith("Bearer exec-")
-    runs = int(counter.read_text())
-    # Cached: a near-expiry token does not re-run the plugin on every request.
-    for _ in range(5):
-        assert await cfg.credentials.header() == first
-    assert int(counter.read_text()) == runs
-    # A 401 reloads: the plugin runs again and hands out a new token.
-    generation = cfg.credentials.generation
-    renewed = await cfg.credentials.reload(seen_generation=generation)
-    assert renewed != first and renewed is not None and renewed.startswith("Bearer exec-")
-    assert int(counter.read_text()) > runs
-    # A second request that saw the same old generation reuses that reload.
-    runs = int(counter.read_text())
-    assert await cfg.credentials.reload(seen_generation=generation) == renewed
-    assert int(counter.read_text()) == runs
+    with trio.fail_after(10):  # runs a plugin process
+        cfg = await load_config(kubeconfig=str(path), context=None)
+        first = await cfg.credentials.header()
+        assert first is not None and first.startswith("Bearer exec-")
+        runs = int(counter.read_text())
+        # Cached: a near-expiry token does not re-run the plugin on every request.
+        for _ in range(5):
+            assert await cfg.credentials.header() == first
+        assert int(counter.read_text()) == runs
+        # A 401 reloads: the plugin runs again and hands out a new token.
+        generation = cfg.credentials.generation
+        renewed = await cfg.credentials.reload(seen_generation=generation)
+        assert renewed != first and renewed is not None and renewed.startswith("Bearer exec-")
+        assert int(counter.read_text()) > runs
+        # A second request that saw the same old generation reuses that reload.
+        runs = int(counter.read_text())
+        assert await cfg.credentials.reload(seen_generation=generation) == renewed
+        assert int(counter.read_text()) == runs
 
 
 HANGING_PLUGIN = """
@@ -208,9 +210,10 @@ async def test_a_hung_exec_plugin_never_holds_up_requests_or_shutdown(
         tmp_path / "config", server="https://127.0.0.1:6443", ca_pem=ca.cert_pem.bytes(),
         user={"exec": {"apiVersion": "client.authentication.k8s.io/v1beta1",
                        "command": sys.executable, "args": [str(script), str(tmp_path)]}})
-    cfg = await load_config(kubeconfig=str(path), context=None, refresh_timeout=0.5)
-    credentials = cfg.credentials
-    first = await credentials.header()
+    with trio.fail_after(10):
+        cfg = await load_config(kubeconfig=str(path), context=None, refresh_timeout=0.5)
+        credentials = cfg.credentials
+        first = await credentials.header()
     assert first == "Bearer exec-1"
     (tmp_path / "hang").touch()
     try:
