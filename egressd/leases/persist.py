@@ -5,7 +5,9 @@ cooldown is also written to the Proxy's `status.cooldowns` with one merge
 patch (`{"status": {"cooldowns": {"<target or *>": {until, reason}}}}`), which
 also sets the proxy's expired entries to null (pruning). Every Proxy the
 informer delivers (the initial list included) is read back into the store, so
-a restarted replica, or a second one, enforces the same cooldowns.
+a restarted replica, or a second one, enforces the same cooldowns. An entry is
+also pruned when it ends, by a timer, so a proxy nobody reports on or changes
+does not keep an ended cooldown in its status.
 
 Writes happen in a background task fed by a queue, not in the request: a
 report answers at once (the cooldown is already in force in memory) and a slow
@@ -20,7 +22,9 @@ and their capacity frees within one TTL (SPEC §7).
 from __future__ import annotations
 
 import datetime as dt
+import heapq
 import logging
+import math
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol
 
@@ -148,6 +152,10 @@ class PersistentLeaseStore:
         self._lookup = lookup
         self._send, self._receive = trio.open_memory_channel[_Write](QUEUE_SIZE)
         self._prune_pending: set[str] = set()
+        # (until, proxy key) of every cooldown this replica knows of, for the prune timer.
+        self._ends: list[tuple[float, str]] = []
+        self._ends_seen: set[tuple[float, str]] = set()
+        self._ends_changed = trio.Event()
 
     # --- LeaseStore -----------------------------------------------------------------
 
@@ -171,6 +179,7 @@ class PersistentLeaseStore:
             lease_id, result=result, target=target, retry_after=retry_after)
         if cooldown is not None:
             self._enqueue(_Write(key=cooldown.key, cooldown=cooldown))
+            self._remember_end(cooldown)
         return cooldown
 
     async def usage(self, keys: Iterable[str]) -> Mapping[str, Usage]:
@@ -189,15 +198,46 @@ class PersistentLeaseStore:
         self.store.merge_cooldowns(recorded.values())
         now = self.store.now()
         key = object_key(obj)
-        if any(cd.until <= now for cd in recorded.values()) and key not in self._prune_pending:
-            self._prune_pending.add(key)
-            self._enqueue(_Write(key=key, cooldown=None))
+        for cd in recorded.values():
+            if cd.until > now:
+                self._remember_end(cd)
+        if any(cd.until <= now for cd in recorded.values()):
+            self._prune(key)
 
     def attach(self, informer: ProxyEvents) -> None:
         """Load every cached Proxy now and every one the informer delivers later."""
         informer.add_handler(on_add=self.load, on_update=lambda _old, new: self.load(new))
 
     # --- writing --------------------------------------------------------------------
+
+    def _prune(self, key: str) -> None:
+        if key not in self._prune_pending:
+            self._prune_pending.add(key)
+            self._enqueue(_Write(key=key, cooldown=None))
+
+    def _remember_end(self, cd: Cooldown) -> None:
+        # Every replica loads every Proxy on every event: remember each (until, key) once.
+        if (cd.until, cd.key) in self._ends_seen:
+            return
+        self._ends_seen.add((cd.until, cd.key))
+        heapq.heappush(self._ends, (cd.until, cd.key))
+        if self._ends[0] == (cd.until, cd.key):
+            self._ends_changed.set()
+            self._ends_changed = trio.Event()
+
+    async def _prune_when_ended(self) -> None:
+        """Queue a prune of each proxy's status as soon as one of its cooldowns ends."""
+        while True:
+            now = self.store.now()
+            while self._ends and self._ends[0][0] <= now:
+                end = heapq.heappop(self._ends)
+                self._ends_seen.discard(end)
+                self._prune(end[1])
+            # The store's clock is wall time; sleep on trio's for the same span, and
+            # wake early when an earlier end is recorded.
+            delay = self._ends[0][0] - now if self._ends else math.inf
+            with trio.move_on_after(delay):
+                await self._ends_changed.wait()
 
     def _enqueue(self, write: _Write) -> None:
         try:
@@ -208,12 +248,14 @@ class PersistentLeaseStore:
             self._prune_pending.discard(write.key)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Write queued cooldowns, one merge patch each, until cancelled."""
-        task_status.started()
-        async for write in self._receive:
-            if write.cooldown is None:
-                self._prune_pending.discard(write.key)
-            await self._write(write)
+        """Write queued cooldowns, one merge patch each, and prune ended ones, until cancelled."""
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._prune_when_ended)
+            task_status.started()
+            async for write in self._receive:
+                if write.cooldown is None:
+                    self._prune_pending.discard(write.key)
+                await self._write(write)
 
     async def _write(self, write: _Write) -> None:
         cached = self._lookup(write.key)

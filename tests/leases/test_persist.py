@@ -161,3 +161,21 @@ async def test_expired_entries_are_pruned(
             await seen.until("default/b", lambda c: c == {} and ("default/b", {"*": ended})
                              in seen.history)
             assert store.store.cooldowns("default/b") == {}
+
+
+async def test_an_ended_cooldown_is_pruned_without_any_event(
+    kube_client: KubeClient, apiserver: FakeApiServer,
+) -> None:
+    # No later report and no other change to the Proxy: the prune timer alone removes
+    # the entry once it ends (a Retry-After of 1 s, the shortest cooldown there is).
+    apiserver.create(proxy("a"))
+    wall = Wall()
+    with trio.fail_after(10):
+        async with replica(kube_client, wall) as (store, seen):
+            cd = await store.report(await lease(store, "default/a", "quick.example"),
+                                    result=Result.RATE_LIMITED, retry_after=1)
+            assert cd is not None
+            await seen.until("default/a", lambda c: "quick.example" in c)
+            await seen.until("default/a", lambda c: c == {})
+            assert wall() >= cd.until
+            assert store.store.cooldowns("default/a") == {}
