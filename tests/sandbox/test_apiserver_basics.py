@@ -138,6 +138,10 @@ async def test_pods_start_pending_and_have_a_status_subresource(
     with trio.fail_after(10):
         obj = await created(api_client, PODS, pod("p"))
         assert obj["status"]["phase"] == "Pending"
+        assert obj["spec"]["restartPolicy"] == "Always"
+        # The same manifest again (kubectl replace) gets the same defaults: no spec change.
+        replaced = await api_client.put(f"{PODS}/p", json=pod("p"))
+        assert replaced.status_code == 200, replaced.text
         response = await api_client.patch(f"{PODS}/p/status", headers=MERGE,
                                           json={"status": {"phase": "Running",
                                                            "podIP": "127.0.0.5"}})

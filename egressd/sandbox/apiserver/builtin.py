@@ -136,13 +136,6 @@ def on_create(rt: ResourceType, obj: dict[str, Any]) -> None:
     """Defaults a real API server fills on create (mutates `obj`)."""
     if rt.kind == "Pod":
         obj["status"] = {"phase": "Pending", "qosClass": "BestEffort"}
-        spec = obj.setdefault("spec", {})
-        if not isinstance(spec, dict):
-            return  # `validate` refuses it
-        spec.setdefault("restartPolicy", "Always")
-        spec.setdefault("dnsPolicy", "ClusterFirst")
-        spec.setdefault("schedulerName", "default-scheduler")
-        spec.setdefault("terminationGracePeriodSeconds", 30)
     elif rt.kind == "Namespace":
         obj["spec"] = {"finalizers": ["kubernetes"]}
         obj["status"] = {"phase": "Active"}
@@ -171,6 +164,14 @@ def on_create(rt: ResourceType, obj: dict[str, Any]) -> None:
 
 def on_write(rt: ResourceType, obj: dict[str, Any]) -> list[Cause]:
     """Normalise `obj` in place before any write; returns 422 causes."""
+    if rt.kind == "Pod" and isinstance(obj.get("spec"), dict):
+        # Defaulting is part of decoding in kube-apiserver, so an update (a `kubectl
+        # replace` of the manifest) gets the same defaults as the create did.
+        spec = obj["spec"]
+        spec.setdefault("restartPolicy", "Always")
+        spec.setdefault("dnsPolicy", "ClusterFirst")
+        spec.setdefault("schedulerName", "default-scheduler")
+        spec.setdefault("terminationGracePeriodSeconds", 30)
     if rt.kind == "Secret":
         return _secret(obj)
     if rt.kind == "CustomResourceDefinition":
