@@ -54,6 +54,9 @@ async def send_error(
     await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
+_CLIENT_GONE = (trio.BrokenResourceError, trio.ClosedResourceError, trio.BusyResourceError)
+
+
 def recovery(app: ASGIApp) -> ASGIApp:
     """Turn any error escaping the app into a logged 500 (the connection survives)."""
 
@@ -71,12 +74,18 @@ def recovery(app: ASGIApp) -> ASGIApp:
 
         try:
             await app(scope, receive, tracking_send)
-        except* Exception:
+        except* Exception as group:
             # except* leaves trio.Cancelled (a BaseException) to propagate.
-            log.exception(
-                "unhandled error", extra={"method": scope.get("method"), "path": scope.get("path")})
-            if not started:
-                await send_error(send, 500, "internal_error", "internal server error")
+            where = {"method": scope.get("method"), "path": scope.get("path")}
+            _, other = group.split(_CLIENT_GONE)
+            if started and other is None:
+                # The socket failed under a response already under way: the client hung
+                # up (Hypercorn can also race its own close against the last write).
+                log.info("client went away during the response", extra=where)
+            else:
+                log.exception("unhandled error", extra=where)
+                if not started:
+                    await send_error(send, 500, "internal_error", "internal server error")
 
     return middleware
 

@@ -78,3 +78,26 @@ async def test_a_trickled_body_times_out_with_408(clock: trio.testing.MockClock)
             # Nothing was leased.
             view = (await client.get("/v1/proxies")).json()["items"][0]
             assert view["activeLeases"] == 0
+
+
+async def test_a_client_hanging_up_after_a_413_is_not_an_error(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # The 413 is sent without reading the announced body; when the client hangs up at
+    # once, Hypercorn's close can race the response's last (empty) write. That is the
+    # client leaving, not a server fault: no error log, no traceback.
+    caplog.set_level(logging.INFO, logger="egressd")
+    with trio.fail_after(20):
+        async with discovery(MemorySource([make_proxy("a")])) as client:
+            for _ in range(30):
+                stream = await trio.open_tcp_stream(client.base_url.host,
+                                                    client.base_url.port or 0)
+                async with stream:
+                    await stream.send_all(b"POST /v1/leases HTTP/1.1\r\nhost: x\r\n"
+                                          b"content-length: 99999999999\r\n\r\n")
+                    data = b""
+                    while not data.endswith(b"}"):
+                        data += await stream.receive_some()
+                    assert data.startswith(b"HTTP/1.1 413 ")
+            await trio.testing.wait_all_tasks_blocked()
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
