@@ -33,6 +33,11 @@ async def test_version_and_group_discovery(api_client: httpx.AsyncClient) -> Non
         core = {r["name"] for r in (await api_client.get("/api/v1")).json()["resources"]}
         assert {"pods", "pods/status", "secrets", "namespaces", "events"} <= core
         assert (await api_client.get("/apis/nope.example/v1")).status_code == 404
+        # An unserved API is a 404 for every verb (kubectl auth can-i POSTs to one).
+        review = await api_client.post(
+            "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews", json={})
+        assert review.status_code == 404 and review.json()["reason"] == "NotFound"
+        assert (await api_client.post("/apis", json={})).status_code == 405
 
 
 async def test_openapi_v3_tells_kubectl_about_field_validation(

@@ -186,31 +186,38 @@ class ApiApp:
     # ----- routing
 
     def _meta_endpoint(self, parts: list[str], request: Request) -> Response:
+        document = self._meta_document(parts)
+        if document is None:  # an unknown path is a 404 whatever the verb, as on a cluster
+            raise not_found_path("/" + "/".join(parts))
         if request.method != "GET":
             raise method_not_allowed(request.method)
+        return _json(200, document)
+
+    def _meta_document(self, parts: list[str]) -> Obj | None:
+        """Discovery and OpenAPI documents by path (None: nothing is served there)."""
         types = self.types()
         if parts == ["api"]:
-            return _json(200, discovery.api_versions(self._address()))
+            return discovery.api_versions(self._address())
         if parts == ["apis"]:
-            return _json(200, discovery.api_group_list(types))
+            return discovery.api_group_list(types)
         if parts == ["api", "v1"]:
-            return _json(200, discovery.resource_list("v1", [t for t in types if not t.group]))
+            return discovery.resource_list("v1", [t for t in types if not t.group])
         if len(parts) == 2 and parts[0] == "apis":
             group = discovery.api_group(parts[1], types)
             if group is not None:
-                return _json(200, group)
+                return group
         if len(parts) == 3 and parts[0] == "apis":
             served = [t for t in types if t.group == parts[1] and t.version == parts[2]]
             if served:
-                return _json(200, discovery.resource_list(f"{parts[1]}/{parts[2]}", served))
+                return discovery.resource_list(f"{parts[1]}/{parts[2]}", served)
         if parts == ["openapi", "v3"]:
-            return _json(200, openapi.index(types, self._openapi_schemas))
+            return openapi.index(types, self._openapi_schemas)
         if parts[:2] == ["openapi", "v3"] and len(parts) > 2:
             gv = "/".join(parts[2:])
             served = [t for t in types if openapi.gv_path(t) == gv]
             if served:
-                return _json(200, openapi.document(served, self._openapi_schemas))
-        raise not_found_path("/" + "/".join(parts))
+                return openapi.document(served, self._openapi_schemas)
+        return None
 
     def _route(self, parts: list[str]) -> Target | None:
         if parts[:2] == ["api", "v1"]:
