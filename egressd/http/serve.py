@@ -4,6 +4,11 @@
 bound URLs (use port 0 in tests). Cancelling the task is the stop: the server
 stops accepting, idle keep-alive connections are closed, in-flight requests get
 up to `grace` seconds, then whatever is left is cancelled (SPEC §7).
+
+Known limit: Hypercorn writes to sockets under a cancel shield, so a client
+that stops reading a response larger than the socket buffers holds the stop
+until the kernel drops that connection; nothing at this layer can close the
+socket (Hypercorn keeps it private). The pod's termination grace is the backstop.
 """
 
 from __future__ import annotations
@@ -18,7 +23,8 @@ from hypercorn.trio import serve
 log = logging.getLogger(__name__)
 
 # After the grace period Hypercorn cancels its own connections; this bounds the
-# wait for that (and for Quart's after_serving hooks) in case anything hangs.
+# wait for that (and for Quart's after_serving hooks), except for a shielded write
+# to a client that does not read (see above).
 _STOP_MARGIN = 1.0
 
 # Scheduler passes with no request in flight before the stop cuts the connections.
@@ -28,9 +34,9 @@ _SETTLE_PASSES = 10
 class _InFlight:
     """Counts HTTP requests being handled, so a stop waits for those and nothing else.
 
-    Hypercorn's own graceful shutdown also waits for idle keep-alive connections
-    (a metrics scraper, a kubelet probe), which would turn every stop into the
-    full grace period; this lets the stop end as soon as the last request does.
+    Hypercorn's own graceful shutdown waits for connections, and an idle
+    keep-alive one (a metrics scraper, a kubelet probe) could hold it for the full
+    grace period; counting requests ends the stop as soon as the last one is done.
     """
 
     def __init__(self, app: Any) -> None:
