@@ -43,8 +43,9 @@ from egressd.sandbox.apiserver.faults import Faults
 from egressd.sandbox.apiserver.resources import BUILTINS, ResourceType, types_from_crd
 from egressd.sandbox.apiserver.selectors import FieldSelector, LabelSelector
 from egressd.sandbox.apiserver.store import Event, Obj, Store, Watcher
-from egressd.sandbox.apiserver.validation import BadSchema, SchemaLike, enforce, load_schema
+from egressd.sandbox.apiserver.validation import BadSchema, enforce, load_schema
 from egressd.sandbox.apiserver.wire import AbortStream, Request, Response, Send, Stream
+from egressd.sandbox.schema import CRDSchema
 
 log = logging.getLogger("egressd.sandbox.apiserver")
 
@@ -93,7 +94,7 @@ class ApiApp:
         self._address = address
         self.bookmark_interval = bookmark_interval
         self._types: dict[tuple[str, str, str], ResourceType] = {}
-        self._schemas: dict[str, SchemaLike | None] = {}
+        self._schemas: dict[str, CRDSchema] = {}
         self._openapi_schemas: dict[str, dict[str, Any]] = {}
         for rt in BUILTINS:
             self._types[(rt.group, rt.version, rt.plural)] = rt

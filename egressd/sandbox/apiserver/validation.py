@@ -1,42 +1,21 @@
 """Enforcing a CRD's schema: defaults, pruning and validation (structural + CEL).
 
-The schema engine lives in `egressd.sandbox.schema` (`CRDSchema`); this
-module loads it by name so the server still serves (without enforcement)
-where that module is absent, and turns its findings into the 422 and 400
-answers kube-apiserver gives.
+The schema engine is `egressd.sandbox.schema.CRDSchema`; this module caches
+compiled schemas and turns their findings into the 422 and 400 answers
+kube-apiserver gives.
 """
 
 from __future__ import annotations
 
-import importlib
 import json
-import logging
-from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any
 
 from egressd.sandbox.apiserver.errors import ApiError, invalid
-
-log = logging.getLogger("egressd.sandbox.apiserver")
-
-
-class FieldErrorLike(Protocol):
-    field: str
-    reason: str
-    message: str
-
-
-class SchemaLike(Protocol):
-    def apply_defaults(self, obj: dict[str, Any]) -> dict[str, Any]: ...
-
-    def prune(self, obj: dict[str, Any]) -> tuple[dict[str, Any], list[str]]: ...
-
-    def validate(self, obj: dict[str, Any], old: dict[str, Any] | None = None
-                 ) -> Sequence[FieldErrorLike]: ...
-
+from egressd.sandbox.schema import CRDSchema, SchemaError
 
 # Compiling a schema (its CEL rules above all) costs tens of milliseconds; tests
 # build a server per test, so identical CRD specs share one compiled schema.
-_CACHE: dict[str, SchemaLike | None] = {}
+_CACHE: dict[str, CRDSchema] = {}
 _CACHE_LIMIT = 64
 
 
@@ -44,8 +23,8 @@ class BadSchema(Exception):
     """Raised by `load_schema` for a CRD version whose schema cannot be served."""
 
 
-def load_schema(crd: dict[str, Any], version: str) -> SchemaLike | None:
-    """The CRD version's schema engine, or None when the engine is absent.
+def load_schema(crd: dict[str, Any], version: str) -> CRDSchema:
+    """The CRD version's compiled schema.
 
     Raises BadSchema when the schema is malformed or a CEL rule does not compile.
     """
@@ -53,13 +32,8 @@ def load_schema(crd: dict[str, Any], version: str) -> SchemaLike | None:
     if key in _CACHE:
         return _CACHE[key]
     try:
-        module = importlib.import_module("egressd.sandbox.schema")
-    except ImportError:
-        log.warning("egressd.sandbox.schema is missing: CRD schemas are not enforced")
-        return None
-    try:
-        schema: SchemaLike = module.CRDSchema.from_crd(crd, version)
-    except module.SchemaError as exc:
+        schema = CRDSchema.from_crd(crd, version)
+    except SchemaError as exc:
         raise BadSchema(str(exc)) from exc
     if len(_CACHE) >= _CACHE_LIMIT:
         _CACHE.clear()
@@ -67,7 +41,7 @@ def load_schema(crd: dict[str, Any], version: str) -> SchemaLike | None:
     return schema
 
 
-def enforce(schema: SchemaLike | None, obj: dict[str, Any], old: dict[str, Any] | None, *,
+def enforce(schema: CRDSchema | None, obj: dict[str, Any], old: dict[str, Any] | None, *,
             kind: str, group: str, field_validation: str) -> tuple[dict[str, Any], list[str]]:
     """Prune, default and validate `obj`; returns it and the warnings to send.
 
