@@ -31,7 +31,7 @@ from typing import Any, Protocol
 import attrs
 import trio
 
-from egressd.kube.errors import ApiError, ApiUnavailable, NotFound
+from egressd.kube.errors import ApiError, ApiUnavailable, Conflict, NotFound
 from egressd.kube.resources import PROXIES, Resource, object_key
 from egressd.leases.interface import (
     GLOBAL,
@@ -51,12 +51,19 @@ log = logging.getLogger(__name__)
 QUEUE_SIZE = 4096
 """Cooldown writes waiting at most; beyond that a write is dropped (and logged)."""
 
+CONFLICT_RETRIES = 5
+"""Times a cooldown write re-reads the Proxy after a 409 before it gives up (and logs)."""
+
 RawObject = dict[str, Any]
 
 
 # Structural views of egressd.kube's KubeClient and Informer: this layer may not import
 # httpx, even indirectly (import-linter), and needs only these two calls of them.
 class StatusPatcher(Protocol):
+    async def get(
+        self, res: Resource, name: str, *, namespace: str | None = None
+    ) -> dict[str, Any]: ...
+
     async def patch_status(
         self, res: Resource, name: str, patch: dict[str, Any], *, namespace: str | None = None
     ) -> dict[str, Any]: ...
@@ -258,22 +265,54 @@ class PersistentLeaseStore:
                 await self._write(write)
 
     async def _write(self, write: _Write) -> None:
-        cached = self._lookup(write.key)
-        recorded: Iterable[Cooldown] = ()
-        if cached is not None:
-            try:
-                recorded = cooldowns_in(cached).values()
-            except ModelError:
-                recorded = ()
-        patch = cooldown_patch(write.cooldown, recorded, now=self.store.now())
-        if patch is None:
-            return
+        # The patch carries the resourceVersion it was computed from, so a replica whose
+        # cache has not yet seen another replica's longer cooldown for the same target
+        # gets a 409 instead of overwriting it; it re-reads and never shortens an entry.
         namespace, _, name = write.key.rpartition("/")
-        try:
-            await self._client.patch_status(PROXIES, name, patch, namespace=namespace)
-        except NotFound:
-            pass  # the Proxy is gone, and its cooldowns with it
-        except (ApiError, ApiUnavailable) as exc:
-            # The client already retried what is worth retrying.
-            log.warning("cooldown not persisted; it holds on this replica only",
-                        extra={"proxy": write.key, "error": str(exc)})
+        current = self._lookup(write.key)
+        for _ in range(CONFLICT_RETRIES):
+            patch = self._patch_for(write, current)
+            if patch is None:
+                return
+            try:
+                await self._client.patch_status(PROXIES, name, patch, namespace=namespace)
+                return
+            except Conflict:
+                try:
+                    current = await self._client.get(PROXIES, name, namespace=namespace)
+                except NotFound:
+                    return
+                except (ApiError, ApiUnavailable) as exc:
+                    self._not_persisted(write, exc)
+                    return
+            except NotFound:
+                return  # the Proxy is gone, and its cooldowns with it
+            except (ApiError, ApiUnavailable) as exc:
+                # The client already retried what is worth retrying.
+                self._not_persisted(write, exc)
+                return
+        self._not_persisted(write, f"still conflicting after {CONFLICT_RETRIES} tries")
+
+    def _patch_for(self, write: _Write, current: RawObject | None) -> dict[str, Any] | None:
+        recorded: dict[str, Cooldown] = {}
+        resource_version = None
+        if current is not None:
+            resource_version = (current.get("metadata") or {}).get("resourceVersion")
+            try:
+                recorded = cooldowns_in(current)
+            except ModelError:
+                recorded = {}
+        new = write.cooldown
+        if new is not None:
+            old = recorded.get(new.target)
+            if old is not None and old.until >= new.until:
+                new = None  # at least as long a cooldown is recorded already
+        patch = cooldown_patch(new, recorded.values(), now=self.store.now())
+        if patch is not None and resource_version:
+            patch["metadata"] = {"resourceVersion": resource_version}
+        return patch
+
+    @staticmethod
+    def _not_persisted(write: _Write, why: object) -> None:
+        log.warning("cooldown not persisted; it holds on this replica only",
+                    extra={"proxy": write.key, "error": str(why)})

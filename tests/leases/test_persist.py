@@ -179,3 +179,36 @@ async def test_an_ended_cooldown_is_pruned_without_any_event(
             await seen.until("default/a", lambda c: c == {})
             assert wall() >= cd.until
             assert store.store.cooldowns("default/a") == {}
+
+
+async def test_a_stale_replica_never_shortens_a_recorded_cooldown(
+    kube_client: KubeClient, apiserver: FakeApiServer,
+) -> None:
+    # Replica two's cache has not seen replica one's ban yet when it writes a shorter
+    # rate limit for the same target: its patch must not overwrite the ban in status.
+    apiserver.create(proxy("a"))
+    wall = Wall()
+    with trio.fail_after(20):
+        stale = await kube_client.get(PROXIES, "a", namespace="default")
+        async with replica(kube_client, wall) as (one, seen):
+            ban = await one.report(await lease(one, "default/a", "x.example"),
+                                   result=Result.BANNED)
+            assert ban is not None
+            await seen.until("default/a", lambda c: "x.example" in c)
+
+            two = PersistentLeaseStore(
+                MemoryLeaseStore(cooldown=600, ban_cooldown=3600, max_cooldown=3600,
+                                 clock=wall),
+                client=kube_client, lookup=lambda _key: stale)
+            async with trio.open_nursery() as nursery:
+                await nursery.start(two.run)
+                await two.report(await lease(two, "default/a", "x.example"),
+                                 result=Result.RATE_LIMITED, retry_after=30)
+                # Writes are sequential: once this one shows, the one above is done.
+                await two.report(await lease(two, "default/a", "z.example"),
+                                 result=Result.RATE_LIMITED, retry_after=30)
+                await seen.until("default/a", lambda c: "z.example" in c)
+                nursery.cancel_scope.cancel()
+            stored = seen.cooldowns("default/a")
+            assert stored["x.example"]["reason"] == "banned"
+            assert parse_time(stored["x.example"]["until"]).timestamp() == ban.until
