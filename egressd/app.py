@@ -1,22 +1,62 @@
-"""The composition root of `egressd run`: everything read from disk before any task starts.
+"""The composition root of `egressd run`: what it reads at start and the one nursery.
 
-Files named by flags are read here, once, so a mistake in any of them stops
-the process at start with one line naming the flag and the path (SPEC §4,
-§9), before a nursery or a connection exists.
+`load_inputs` reads the files named by flags, once, so a mistake in any of
+them stops the process at start with one line naming the flag and the path
+(SPEC §4, §9), before a nursery or a connection exists.
+
+`run_daemon` builds every part and runs them in one nursery (SPEC §2):
+process-wide services on every replica (informers, work queue, lease stores,
+discovery and ops servers) and, per leadership term, the health engine,
+reconciler and orphan GC. `run_until_signalled` is `egressd run` under trio:
+SIGINT/SIGTERM cancel the root scope, the only stop.
 """
 
 from __future__ import annotations
 
+import functools
+import logging
+import secrets
+import signal
+import socket
 import ssl
 from collections.abc import Mapping
 
 import attrs
+import trio
 
+from egressd.control.queue import WorkQueue
 from egressd.errors import ConfigError
-from egressd.health.probe import make_ssl_context
+from egressd.health.engine import HealthEngine
+from egressd.health.probe import Prober, make_ssl_context
 from egressd.http.auth import read_token
+from egressd.http.discovery import create_discovery_app
+from egressd.http.ops import create_ops_app
+from egressd.http.serve import serve_app
+from egressd.http.source import InformerProxySource
+from egressd.kube.client import KubeClient, open_client
+from egressd.kube.config import in_cluster, load_config
+from egressd.kube.election import run_elected
+from egressd.kube.events import EventRecorder
+from egressd.kube.informer import Informer
+from egressd.kube.resources import PROXIES, SECRETS
+from egressd.leases.persist import PersistentLeaseStore
+from egressd.leases.store import MemoryLeaseStore
+from egressd.metrics import LEADER
+from egressd.model.constants import CLOUD_INIT_LABEL
 from egressd.providers.config import ProvidersConfig, ProvidersConfigError, load_providers_config
+from egressd.providers.registry import ProviderRegistry, build_registry
 from egressd.settings import Settings
+
+log = logging.getLogger(__name__)
+
+CONFIG_LOAD_TIMEOUT = 60.0
+"""Seconds loading the Kubernetes config may take at start (it may run an exec plugin)."""
+
+PROVIDERS_BUILD_TIMEOUT = 60.0
+"""Seconds building the providers may take at start (GCP credentials may need the network)."""
+
+LEADER_LEASE_NAME = "egressd"
+"""The coordination.k8s.io/v1 Lease the replicas campaign for."""
 
 
 @attrs.frozen
@@ -61,3 +101,191 @@ def load_inputs(settings: Settings, environ: Mapping[str, str]) -> Inputs:
         providers=providers,
         probe_ssl_context=make_ssl_context(settings.probe_ca_file),
     )
+
+
+@attrs.frozen
+class DaemonAddresses:
+    """Where a running daemon serves: the discovery API and the ops endpoints."""
+
+    discovery_url: str
+    metrics_url: str
+
+
+@attrs.frozen
+class _Parts:
+    """The process-wide parts a leadership term works with."""
+
+    client: KubeClient
+    proxies: Informer
+    secrets: Informer
+    providers: ProviderRegistry
+    queue: WorkQueue[str]
+    events: EventRecorder
+    prober: Prober
+    settings: Settings
+
+
+async def _lead(parts: _Parts, *,
+                task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    """One leadership term: a fresh health engine, the reconciler and orphan GC.
+
+    Cancelled when leadership is lost (or at shutdown); the next term starts
+    afresh (SPEC §2), seeded from the statuses in the cache.
+    """
+    settings = parts.settings
+    engine = HealthEngine(parts.prober.probe, on_change=parts.queue.add,
+                          concurrency=settings.probe_concurrency)
+    # INTERIM until the reconciler lands: the engine alone (nothing feeds it yet).
+    async with trio.open_nursery() as nursery:
+        await nursery.start(engine.run)
+        task_status.started()
+
+
+async def _lead_unelected(parts: _Parts, *,
+                          task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+                          ) -> None:
+    """Leader election off: this process is the only leader for its whole life."""
+    LEADER.set(1)
+    try:
+        await _lead(parts, task_status=task_status)
+    finally:
+        LEADER.set(0)
+
+
+async def run_daemon(
+    inputs: Inputs,
+    *,
+    environ: Mapping[str, str],
+    task_status: trio.TaskStatus[DaemonAddresses] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Run egressd until cancelled (SPEC §2); cancellation is the only stop.
+
+    `task_status.started` gets the bound addresses once both servers listen
+    and both caches have synced. Raises ConfigError, before anything runs,
+    when the Kubernetes config or a provider cannot be loaded.
+    """
+    settings = inputs.settings
+    try:
+        with trio.fail_after(CONFIG_LOAD_TIMEOUT):
+            config = await load_config(kubeconfig=settings.kubeconfig,
+                                       context=settings.context, environ=environ)
+    except trio.TooSlowError:
+        raise ConfigError(f"loading the Kubernetes config took longer than "
+                          f"{CONFIG_LOAD_TIMEOUT:g} s") from None
+    async with open_client(config) as client:
+        try:
+            with trio.fail_after(PROVIDERS_BUILD_TIMEOUT):
+                # Blocking: a gcp provider reads Google credentials (maybe from the
+                # metadata server). Abandoned on cancel; the thread ends on its own.
+                registry = await trio.to_thread.run_sync(
+                    functools.partial(build_registry, inputs.providers, kube_client=client),
+                    abandon_on_cancel=True)
+        except trio.TooSlowError:
+            raise ConfigError(f"building the providers took longer than "
+                              f"{PROVIDERS_BUILD_TIMEOUT:g} s") from None
+        try:
+            await _run_parts(inputs, client=client, registry=registry,
+                             leader_namespace=settings.leader_election_namespace
+                             or config.namespace or "default",
+                             environ=environ, task_status=task_status)
+        finally:
+            registry.close()
+
+
+async def _run_parts(
+    inputs: Inputs,
+    *,
+    client: KubeClient,
+    registry: ProviderRegistry,
+    leader_namespace: str,
+    environ: Mapping[str, str],
+    task_status: trio.TaskStatus[DaemonAddresses],
+) -> None:
+    settings = inputs.settings
+    namespace = settings.namespace or None
+    proxies = Informer(PROXIES, namespace=namespace)
+    # Secrets are read only where Proxies are watched: a secretRef names a
+    # Secret in the Proxy's own namespace.
+    cloud_init = Informer(SECRETS, namespace=namespace,
+                          label_selector=f"{CLOUD_INIT_LABEL}=true")
+    queue: WorkQueue[str] = WorkQueue()
+    proxies.add_key_handler(queue.add)  # INTERIM until the reconciler's feed_queue lands
+    source = InformerProxySource(proxies)
+    memory = MemoryLeaseStore.from_settings(settings)
+    store = PersistentLeaseStore(memory, client=client, lookup=proxies.get)
+    store.attach(proxies)
+    discovery = create_discovery_app(
+        source, store=store, default_ttl=settings.default_lease_ttl,
+        max_ttl=settings.max_lease_ttl, token=inputs.discovery_token)
+    ops = create_ops_app(source)
+    hostname = socket.gethostname()
+    parts = _Parts(
+        client=client, proxies=proxies, secrets=cloud_init, providers=registry, queue=queue,
+        events=EventRecorder(client, host=hostname),
+        prober=Prober(ssl_context=inputs.probe_ssl_context), settings=settings)
+    leader_elect = (settings.leader_elect if settings.leader_elect is not None
+                    else in_cluster(environ))
+
+    async with trio.open_nursery() as nursery:
+        # The servers first, so /healthz answers and /readyz says 503 while the
+        # caches sync (a slow first list must not fail the liveness probe).
+        metrics_url: str = (await nursery.start(functools.partial(
+            serve_app, ops, settings.metrics_addr, grace=settings.shutdown_grace)))[0]
+        discovery_url: str = (await nursery.start(functools.partial(
+            serve_app, discovery, settings.discovery_addr, grace=settings.shutdown_grace)))[0]
+        await nursery.start(queue.run)
+        await nursery.start(memory.run)  # the lease sweeper
+        await nursery.start(store.run)
+        await nursery.start(proxies.run, client)
+        await nursery.start(cloud_init.run, client)
+        if leader_elect:
+            identity = f"{hostname}_{secrets.token_hex(4)}"
+            await nursery.start(functools.partial(
+                run_elected, client, name=LEADER_LEASE_NAME, namespace=leader_namespace,
+                identity=identity, lead=functools.partial(_lead, parts),
+                lease_duration=settings.leader_lease_duration,
+                renew_deadline=settings.leader_renew_deadline,
+                retry_period=settings.leader_retry_period))
+        else:
+            await nursery.start(_lead_unelected, parts)
+        log.info("egressd started", extra={
+            "discovery": discovery_url, "metrics": metrics_url,
+            "namespace": settings.namespace or "(all)",
+            "auth": "token" if inputs.discovery_token is not None else "none",
+            "leader_election": (f"{leader_namespace}/{LEADER_LEASE_NAME}" if leader_elect
+                                else "off"),
+            "providers": len(registry)})
+        task_status.started(DaemonAddresses(discovery_url=discovery_url,
+                                            metrics_url=metrics_url))
+
+
+async def run_until_signalled(inputs: Inputs, *, environ: Mapping[str, str]) -> None:
+    """`egressd run` under trio: the daemon until SIGINT or SIGTERM cancels it.
+
+    A ConfigError at start is raised bare (not in an exception group) so the
+    command can print it as one line.
+    """
+    failure: ConfigError | None = None
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        try:
+            async with trio.open_nursery() as nursery:
+                async def stop_on_signal() -> None:
+                    async for signum in signals:
+                        log.info("stopping", extra={"signal": signal.Signals(signum).name})
+                        nursery.cancel_scope.cancel()
+                        return
+
+                nursery.start_soon(stop_on_signal)
+                await run_daemon(inputs, environ=environ)
+                nursery.cancel_scope.cancel()  # not reached: the daemon runs until cancelled
+        except* ConfigError as group:
+            failure = _first_leaf(group)
+    if failure is not None:
+        raise failure
+
+
+def _first_leaf(group: BaseExceptionGroup[ConfigError]) -> ConfigError:
+    first = group.exceptions[0]
+    while isinstance(first, BaseExceptionGroup):
+        first = first.exceptions[0]
+    return first
