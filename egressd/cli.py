@@ -75,15 +75,21 @@ def main(argv: Sequence[str] | None = None) -> int:
                 log_level=args.log_level)
             return code
         if args.command == "run":
-            from egressd.app import load_inputs
+            import functools
+
+            import trio
+
+            from egressd import logs
+            from egressd.app import load_inputs, run_until_signalled
 
             try:
                 settings = settings_from(args, os.environ)
             except ValueError as exc:
                 raise ConfigError(str(exc)) from None
-            load_inputs(settings, os.environ)
-            print("egressd run: the daemon is not built yet", file=sys.stderr)
-            return 1
+            inputs = load_inputs(settings, os.environ)
+            logs.setup(settings.log_level, settings.log_format)
+            trio.run(functools.partial(run_until_signalled, inputs, environ=os.environ))
+            return 0  # stopped by SIGINT/SIGTERM
     except ProvidersConfigError as exc:
         for problem in exc.problems:
             print(f"egressd: error: {problem}", file=sys.stderr)

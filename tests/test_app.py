@@ -1,0 +1,247 @@
+"""The daemon (`egressd run`) end to end on loopback: the fake API server, real HTTP,
+a real tinyproxy and a trustme TLS probe target, real leader election.
+
+Every daemon listens on port 0; waits are on watch events (an informer of the
+test's own), never on sleeps.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import signal
+import ssl
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import trio
+import trustme
+
+from egressd.app import DaemonAddresses, Inputs, load_inputs, run_daemon
+from egressd.kube.client import KubeClient
+from egressd.kube.informer import Informer
+from egressd.kube.resources import LEASES, PROXIES
+from egressd.sandbox.apiserver import FakeApiServer
+from egressd.settings import parse_settings
+from tests.health.peers import ProxyProcess, find_binary, run_tinyproxy, serve_target
+
+TOKEN = "discovery-s3cret-token"
+RECONCILER_LANDED = False
+
+Obj = dict[str, Any]
+
+
+def daemon_inputs(kubeconfig: str, *extra: str, environ: dict[str, str] | None = None
+                  ) -> Inputs:
+    settings = parse_settings(
+        ["--kubeconfig", kubeconfig, "--discovery-addr", "127.0.0.1:0",
+         "--metrics-addr", "127.0.0.1:0", "--shutdown-grace", "2s", *extra],
+        environ={})
+    return load_inputs(settings, environ or {})
+
+
+@pytest.fixture
+def kubeconfig(apiserver: FakeApiServer, tmp_path: Path) -> str:
+    return apiserver.write_kubeconfig(tmp_path / "daemon-kubeconfig")
+
+
+@pytest.fixture(scope="module")
+def ca() -> trustme.CA:
+    return trustme.CA()
+
+
+@pytest.fixture(scope="module")
+def ca_file(ca: trustme.CA, tmp_path_factory: pytest.TempPathFactory) -> str:
+    path = tmp_path_factory.mktemp("ca") / "ca.pem"
+    ca.cert_pem.write_to_path(str(path))
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def tinyproxy() -> Iterator[ProxyProcess]:
+    if find_binary("tinyproxy") is None:
+        pytest.skip("tinyproxy is not installed (apt-get install tinyproxy)")
+    with run_tinyproxy() as proc:
+        yield proc
+
+
+async def wait_for(informer: Informer, key: str, check: Callable[[Obj], bool]) -> Obj:
+    """The first version of `key` (cached now, or delivered later) that passes `check`."""
+    seen = trio.Event()
+    found: list[Obj] = []
+
+    def look(obj: Obj) -> None:
+        meta = obj.get("metadata") or {}
+        if f"{meta.get('namespace')}/{meta.get('name')}" == key and check(obj):
+            found.append(obj)
+            seen.set()
+
+    informer.add_handler(on_add=look, on_update=lambda _old, new: look(new))
+    await seen.wait()
+    return found[0]
+
+
+async def watching(nursery: trio.Nursery, client: KubeClient, informer: Informer) -> Informer:
+    await nursery.start(informer.run, client)
+    return informer
+
+
+def holder(lease: Obj) -> str:
+    return str((lease.get("spec") or {}).get("holderIdentity") or "")
+
+
+async def test_daemon_serves_readyz_metrics_and_warns_once_without_a_token(
+    kubeconfig: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="egressd")
+    with trio.fail_after(20):
+        async with trio.open_nursery() as nursery:
+            addrs: DaemonAddresses = await nursery.start(functools.partial(
+                run_daemon, daemon_inputs(kubeconfig), environ={}))
+            async with httpx.AsyncClient() as http:
+                ready = await http.get(f"{addrs.metrics_url}/readyz")
+                assert ready.status_code == 200
+                metrics = await http.get(f"{addrs.metrics_url}/metrics")
+                assert metrics.status_code == 200
+                assert "egressd_leases_active" in metrics.text
+                assert "egressd_workqueue_depth" in metrics.text
+                listed = await http.get(f"{addrs.discovery_url}/v1/proxies")
+                assert listed.status_code == 200
+                assert listed.json() == {"items": []}
+            nursery.cancel_scope.cancel()
+    warnings = [r for r in caplog.records if "UNAUTHENTICATED" in r.getMessage()]
+    assert len(warnings) == 1
+    started = [r for r in caplog.records if r.getMessage() == "egressd started"]
+    assert len(started) == 1
+    assert started[0].__dict__["discovery"] == addrs.discovery_url
+
+
+@pytest.mark.skipif(not RECONCILER_LANDED, reason="needs the reconciler (egressd.control)")
+async def test_external_proxy_through_tinyproxy_becomes_ready_and_is_leased(
+    apiserver: FakeApiServer, kubeconfig: str, kube_client: KubeClient, ca: trustme.CA,
+    ca_file: str, tinyproxy: ProxyProcess, tmp_path: Path,
+) -> None:
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN + "\n")
+    server_ssl = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("127.0.0.1").configure_cert(server_ssl)
+    with trio.fail_after(25):
+        async with trio.open_nursery() as nursery:
+            target = await nursery.start(serve_target, 204, server_ssl)
+            proxies = await watching(nursery, kube_client, Informer(PROXIES))
+            addrs: DaemonAddresses = await nursery.start(functools.partial(
+                run_daemon,
+                daemon_inputs(kubeconfig, "--probe-ca-file", ca_file,
+                              "--discovery-token-file", str(token_file)),
+                environ={}))
+            apiserver.create({
+                "apiVersion": "crawl.example.com/v1alpha1", "kind": "Proxy",
+                "metadata": {"name": "ext", "namespace": "default"},
+                "spec": {"mode": "External", "attributes": {"region": "eu"},
+                         "endpoint": {"host": tinyproxy.host, "port": tinyproxy.port},
+                         "healthCheck": {"probeURL": f"https://127.0.0.1:{target.port}/",
+                                         "intervalSeconds": 5}}})
+            ready = await wait_for(proxies, "default/ext",
+                                   lambda o: (o.get("status") or {}).get("phase") == "Ready")
+            assert ready["status"]["host"] == tinyproxy.host
+            assert target.requests, "the probe went through tinyproxy to the TLS target"
+            async with httpx.AsyncClient(headers={"Authorization": f"Bearer {TOKEN}"}) as http:
+                refused = await http.post(f"{addrs.discovery_url}/v1/leases", json={},
+                                          headers={"Authorization": "Bearer wrong"})
+                assert refused.status_code == 401
+                granted = await http.post(f"{addrs.discovery_url}/v1/leases",
+                                          json={"selector": {"region": "eu"}})
+                assert granted.status_code == 201, granted.text
+                body = granted.json()
+                assert body["proxyUrl"] == f"http://{tinyproxy.host}:{tinyproxy.port}"
+                assert body["proxy"]["name"] == "ext"
+            nursery.cancel_scope.cancel()
+
+
+ELECTION = ("--leader-elect", "true", "--leader-lease-duration", "15s",
+            "--leader-renew-deadline", "10s", "--leader-retry-period", "200ms")
+
+
+async def test_two_daemons_one_leader_and_the_standby_takes_over_at_once(
+    kubeconfig: str, kube_client: KubeClient,
+) -> None:
+    # Takeover well inside the 15 s lease duration shows the leader released its Lease.
+    with trio.fail_after(12):
+        async with trio.open_nursery() as nursery:
+            leases = await watching(nursery, kube_client, Informer(LEASES, namespace="default"))
+            first = trio.CancelScope()
+            inputs = daemon_inputs(kubeconfig, *ELECTION)
+
+            async def run_first(task_status: trio.TaskStatus[DaemonAddresses]) -> None:
+                with first:
+                    await run_daemon(inputs, environ={}, task_status=task_status)
+
+            await nursery.start(run_first)
+            lease = await wait_for(leases, "default/egressd", lambda o: bool(holder(o)))
+            leader = holder(lease)
+            await nursery.start(functools.partial(run_daemon, inputs, environ={}))
+            # The standby campaigns every 200 ms and must find the Lease held.
+            with trio.move_on_after(1):
+                await wait_for(leases, "default/egressd", lambda o: holder(o) != leader)
+                pytest.fail("the standby took a Lease that was held")
+            first.cancel()
+            taken = await wait_for(leases, "default/egressd",
+                                   lambda o: holder(o) not in ("", leader))
+            assert taken["spec"]["leaseTransitions"] >= 1
+            nursery.cancel_scope.cancel()
+
+
+async def test_run_command_stops_on_sigterm_and_releases_its_lease(
+    kubeconfig: str, kube_client: KubeClient, tmp_path: Path,
+) -> None:
+    stderr_path = tmp_path / "stderr"
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(tmp_path),
+           "DISCOVERY_TOKEN": TOKEN}
+    with trio.fail_after(25):
+        async with trio.open_nursery() as nursery:
+            leases = await watching(nursery, kube_client, Informer(LEASES, namespace="default"))
+            with stderr_path.open("wb") as stderr:
+                proc = await trio.lowlevel.open_process(
+                    [sys.executable, "-m", "egressd", "run", "--kubeconfig", kubeconfig,
+                     "--discovery-addr", "127.0.0.1:0", "--metrics-addr", "127.0.0.1:0",
+                     "--shutdown-grace", "2s", *ELECTION],
+                    env=env, stdout=subprocess.DEVNULL, stderr=stderr)
+            try:
+                lease = await wait_for(leases, "default/egressd", lambda o: bool(holder(o)))
+                proc.send_signal(signal.SIGTERM)
+                # Grace 2 s plus one API call; the fail_after above is the hard bound.
+                with trio.fail_after(8):
+                    code = await proc.wait()
+            finally:
+                if proc.returncode is None:
+                    proc.kill()
+                    await proc.wait()
+            log = stderr_path.read_text()
+            assert code == 0, log
+            assert "egressd started" in log
+            assert "released the leader lease" in log
+            assert TOKEN not in log
+            # Released: an empty holder, so a standby need not wait out the duration.
+            released = await wait_for(leases, "default/egressd", lambda o: not holder(o))
+            assert released["spec"]["leaseDurationSeconds"] == 1, holder(lease)
+            nursery.cancel_scope.cancel()
+
+
+def test_run_without_any_kubeconfig_exits_2_with_one_line(tmp_path: Path) -> None:
+    token = tmp_path / "token"
+    token.write_text(TOKEN + "\n")
+    out = subprocess.run(
+        [sys.executable, "-m", "egressd", "run", "--discovery-token-file", str(token)],
+        capture_output=True, text=True, timeout=60, check=False,
+        env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)})
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.startswith("egressd: error: kubeconfig ")
+    assert len(out.stderr.strip().splitlines()) == 1
+    assert "Traceback" not in out.stderr
+    assert TOKEN not in out.stderr
