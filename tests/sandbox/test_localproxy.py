@@ -1,0 +1,97 @@
+"""Local proxy processes and the local probe target, for real on loopback."""
+
+from __future__ import annotations
+
+import os
+import ssl
+from pathlib import Path
+
+import httpx
+import pytest
+import trio
+
+from egressd.health.probe import Prober, ProbeTarget
+from egressd.sandbox.localproxy import (
+    ProxySoftware,
+    ProxySoftwareMissing,
+    ProxyStartFailed,
+    find_proxy_software,
+    open_local_proxy,
+)
+from egressd.sandbox.probe_target import ProbeTargetServer
+
+SBIN = os.pathsep.join(["/usr/sbin", "/usr/bin", "/sbin", "/bin"])
+
+
+def installed(kind: str) -> ProxySoftware:
+    import shutil
+
+    binary = shutil.which(kind, path=SBIN)
+    if binary is None:
+        pytest.skip(f"{kind} is not installed (apt-get install {kind})")
+    return ProxySoftware(kind=kind, binary=binary)  # type: ignore[arg-type]
+
+
+def alive(pid: int) -> bool:
+    return os.path.exists(f"/proc/{pid}")
+
+
+def test_missing_software_names_the_packages(tmp_path: Path) -> None:
+    with pytest.raises(ProxySoftwareMissing, match=r"apt-get install squid.*apt-get install "
+                                                    r"tinyproxy"):
+        find_proxy_software(str(tmp_path))
+
+
+def test_squid_is_preferred_then_tinyproxy(tmp_path: Path) -> None:
+    for name in ("tinyproxy", "squid"):
+        exe = tmp_path / name
+        exe.write_text("#!/bin/sh\n")
+        exe.chmod(0o755)
+        assert find_proxy_software(str(tmp_path)) == ProxySoftware(kind=name, binary=str(exe))
+
+
+async def test_probe_target_answers_204_on_its_path_only(tmp_path: Path) -> None:
+    with trio.fail_after(20):
+        target = ProbeTargetServer()
+        async with trio.open_nursery() as nursery:
+            url = await nursery.start(target.serve)
+            assert url == f"https://127.0.0.1:{target.port}/generate_204"
+            ca = target.write_ca(str(tmp_path / "ca.pem"))
+            async with httpx.AsyncClient(verify=ssl.create_default_context(cafile=ca)) as client:
+                ok = await client.get(url)
+                other = await client.get(url.replace("generate_204", "nope"))
+                again = await client.get(url)  # on the kept-alive connection
+            assert (ok.status_code, other.status_code, again.status_code) == (204, 404, 204)
+            assert target.hits == 2
+            nursery.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize("kind", ["squid", "tinyproxy"])
+async def test_local_proxy_tunnels_to_the_target_and_stops(kind: str, tmp_path: Path) -> None:
+    software = installed(kind)
+    with trio.fail_after(20):
+        target = ProbeTargetServer()
+        async with trio.open_nursery() as nursery:
+            url = await nursery.start(target.serve)
+            prober = Prober(ca_file=target.write_ca(str(tmp_path / "ca.pem")))
+            async with open_local_proxy(software, host="127.0.0.9", port=3999) as proxy:
+                assert proxy.url == "http://127.0.0.9:3999"
+                result = await prober.probe(ProbeTarget(key="k", host=proxy.host,
+                                                        port=proxy.port, url=url, timeout=5))
+                assert result.ok, result.reason
+                pid = proxy.pid
+                assert alive(pid)
+            # Stopped and reaped: the pid no longer exists and the port refuses.
+            assert proxy.stopped.is_set()
+            assert not alive(pid)
+            with pytest.raises(OSError):
+                await trio.open_tcp_stream("127.0.0.9", 3999)
+            nursery.cancel_scope.cancel()
+
+
+async def test_a_proxy_that_exits_at_once_is_a_start_failure() -> None:
+    with trio.fail_after(20):
+        with pytest.raises(ProxyStartFailed, match="exited with code 1"):
+            async with open_local_proxy(ProxySoftware(kind="squid", binary="/bin/false"),
+                                        host="127.0.0.9", port=3998):
+                pytest.fail("a process that exited cannot be ready")
