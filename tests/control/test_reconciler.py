@@ -1,0 +1,318 @@
+"""The reconciler against real peers: the fake API server, the real kubernetes provider
+making Pods in it, and a real health engine with a scripted probe (SPEC §5)."""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import AsyncIterator
+
+import attrs
+import httpx
+import pytest
+import trio
+
+from egressd.control.spechash import spec_hash
+from egressd.kube.config import KubeConfig
+from egressd.kube.errors import NotFound
+from egressd.kube.resources import PODS, PROXIES, SECRETS
+from egressd.metrics import REGISTRY
+from egressd.model.constants import FINALIZER, SPEC_HASH_ANNOTATION
+from egressd.sandbox.apiserver import FakeApiServer
+from tests.control.world import (
+    NS,
+    POD_NS,
+    TEST_SETTINGS,
+    World,
+    condition,
+    managed_spec,
+    open_world,
+    phase,
+    pod_of,
+)
+
+
+@pytest.fixture
+async def world(apiserver: FakeApiServer, kube_config: KubeConfig) -> AsyncIterator[World]:
+    async with open_world(apiserver, kube_config) as w:
+        yield w
+
+
+def has_pod(obj: dict[str, object]) -> bool:
+    status = obj.get("status")
+    return isinstance(status, dict) and bool(status.get("providerID"))
+
+
+def gauge(phase_name: str) -> float:
+    return REGISTRY.get_sample_value("egressd_proxies", {"phase": phase_name}) or 0.0
+
+
+async def test_managed_lifecycle(world: World) -> None:
+    with trio.fail_after(10):
+        ready_before = gauge("Ready")
+        await world.create_proxy("p1", managed_spec())
+        proxy = await world.wait_proxy("p1", has_pod)
+        assert FINALIZER in proxy["metadata"]["finalizers"]
+        assert phase(proxy) == "Provisioning"
+        provisioned = condition(proxy, "Provisioned")
+        assert provisioned is not None and provisioned["status"] == "False"
+        pod_name = pod_of(proxy)
+        uid = proxy["metadata"]["uid"]
+        want_hash = spec_hash(placement=None, cloud_init="#cloud-config\npackages: [squid]\n",
+                              port=3128)
+        assert proxy["metadata"]["annotations"][SPEC_HASH_ANNOTATION] == want_hash
+        pod = await world.wait_pod(pod_name)
+        assert pod["metadata"]["labels"]["egressd-proxy-uid"] == uid
+        assert pod["metadata"]["labels"]["egressd-cluster"] == "test"
+        assert pod["metadata"]["labels"]["egressd-proxy"] == "default_p1"
+        # Still Pending: the poll keeps it Provisioning, no address, no probe.
+        assert "default/p1" not in world.engine
+
+        await world.kubelet_runs(pod_name, "10.0.0.7")
+        proxy = await world.wait_proxy("p1", lambda o: phase(o) == "Ready")
+        status = proxy["status"]
+        assert (status["ip"], status["host"], status["port"]) == ("10.0.0.7", "10.0.0.7", 3128)
+        assert status["latencyMs"] == 12 and status["lastHealthCheckTime"]
+        assert status["observedGeneration"] == proxy["metadata"]["generation"]
+        healthy = condition(proxy, "Healthy")
+        assert healthy is not None
+        assert (healthy["status"], healthy["reason"], healthy["message"]) == (
+            "True", "ProbeSucceeded", "status 204")
+        assert condition(proxy, "Provisioned")["status"] == "True"
+        await world.until(lambda: gauge("Ready") == ready_before + 1)
+        assert world.events("Created")
+
+        await world.client.delete(PROXIES, "p1", namespace=NS)
+        await world.wait_gone(world.proxies, "default/p1")
+        with pytest.raises(NotFound):
+            await world.client.get(PODS, pod_name, namespace=POD_NS)
+        assert world.events("Deleted")
+        assert "default/p1" not in world.engine
+        await world.until(lambda: gauge("Ready") == ready_before)
+
+
+async def test_external_ready_without_finalizer(world: World) -> None:
+    with trio.fail_after(10):
+        await world.create_proxy("ext", {
+            "mode": "External", "endpoint": {"host": "192.0.2.10", "port": 8888},
+            "healthCheck": {"probeURL": "https://probe.test/", "intervalSeconds": 5,
+                            "timeoutSeconds": 1}})
+        proxy = await world.wait_proxy("ext", lambda o: phase(o) == "Ready")
+        assert not proxy["metadata"].get("finalizers")
+        assert SPEC_HASH_ANNOTATION not in (proxy["metadata"].get("annotations") or {})
+        status = proxy["status"]
+        assert (status["host"], status["port"]) == ("192.0.2.10", 8888)
+        assert "providerID" not in status and "ip" not in status
+        provisioned = condition(proxy, "Provisioned")
+        assert provisioned is not None and provisioned["reason"] == "External"
+        assert not world.pods.items()
+
+
+async def test_external_unhealthy(world: World) -> None:
+    with trio.fail_after(10):
+        world.health["192.0.2.11"] = False
+        await world.create_proxy("bad", {
+            "mode": "External", "endpoint": {"host": "192.0.2.11"},
+            "healthCheck": {"probeURL": "https://probe.test/", "intervalSeconds": 5,
+                            "timeoutSeconds": 1, "failureThreshold": 1}})
+        proxy = await world.wait_proxy("bad", lambda o: phase(o) == "Unhealthy")
+        healthy = condition(proxy, "Healthy")
+        assert healthy is not None
+        assert (healthy["status"], healthy["reason"], healthy["message"]) == (
+            "False", "ProbeFailed", "connect refused")
+        assert proxy["status"]["port"] == 3128
+        assert "latencyMs" not in proxy["status"]
+
+
+async def test_cloud_init_from_secret(world: World) -> None:
+    with trio.fail_after(10):
+        await world.create_proxy("s1", managed_spec(
+            cloudInit={"secretRef": {"name": "ci", "key": "cloud.yaml"}}))
+        proxy = await world.wait_proxy("s1", lambda o: (
+            condition(o, "Provisioned") or {}).get("reason") == "CloudInitUnresolved")
+        message = condition(proxy, "Provisioned")["message"]
+        assert "default/ci" in message and "not found" in message
+        assert not world.pods.items()
+        # A Secret without the key: still unresolved, now naming the key.
+        await world.create_secret("ci", {"other": "x"})
+        await world.wait_proxy("s1", lambda o: "has no key 'cloud.yaml'" in (
+            condition(o, "Provisioned") or {}).get("message", ""))
+        text = "#cloud-config\nruncmd: [echo hi]\n"
+        await world.client.merge_patch(
+            SECRETS, "ci", {"data": {"cloud.yaml": base64.b64encode(text.encode()).decode()}},
+            namespace=NS)
+        proxy = await world.wait_proxy("s1", has_pod)
+        assert proxy["metadata"]["annotations"][SPEC_HASH_ANNOTATION] == spec_hash(
+            placement=None, cloud_init=text, port=3128)
+        # The cloud-init body is never in an event.
+        assert all("runcmd" not in e["message"] for e in world.events())
+
+
+async def test_spec_change_replaces_instance(world: World) -> None:
+    with trio.fail_after(10):
+        await world.create_proxy("r1", managed_spec())
+        proxy = await world.wait_proxy("r1", has_pod)
+        old_pod = pod_of(proxy)
+        await world.wait_pod(old_pod)
+        await world.kubelet_runs(old_pod, "10.0.0.8")
+        await world.wait_proxy("r1", lambda o: phase(o) == "Ready")
+
+        await world.client.merge_patch(PROXIES, "r1", {"spec": {"port": 3129}}, namespace=NS)
+        proxy = await world.wait_proxy("r1", lambda o: has_pod(o) and pod_of(o) != old_pod)
+        new_pod = pod_of(proxy)
+        assert phase(proxy) == "Provisioning"
+        assert condition(proxy, "Healthy") is None
+        assert "latencyMs" not in proxy["status"] and "ip" not in proxy["status"]
+        await world.wait_gone(world.pods, f"{POD_NS}/{old_pod}")
+        pod = await world.wait_pod(new_pod)
+        assert pod["spec"]["containers"][0]["ports"][0]["containerPort"] == 3129
+        assert world.events("Replaced")
+
+        await world.kubelet_runs(new_pod, "10.0.0.9")
+        proxy = await world.wait_proxy("r1", lambda o: phase(o) == "Ready")
+        assert (proxy["status"]["host"], proxy["status"]["port"]) == ("10.0.0.9", 3129)
+
+
+async def test_pod_deleted_underneath_is_recreated(apiserver: FakeApiServer,
+                                                   kube_config: KubeConfig) -> None:
+    # Pod events are no source (SPEC §5): the ready resync finds the loss.
+    settings = attrs.evolve(TEST_SETTINGS, ready_resync=0.2)
+    async with open_world(apiserver, kube_config, settings=settings) as world:
+        await pod_deleted_underneath(world)
+
+
+async def pod_deleted_underneath(world: World) -> None:
+    with trio.fail_after(10):
+        await world.create_proxy("d1", managed_spec())
+        proxy = await world.wait_proxy("d1", has_pod)
+        name = pod_of(proxy)
+        pod = await world.wait_pod(name)
+        await world.kubelet_runs(name, "10.0.0.10")
+        await world.wait_proxy("d1", lambda o: phase(o) == "Ready")
+
+        await world.client.delete(PODS, name, namespace=POD_NS)
+        # Same spec, same deterministic name; a new Pod (new uid).
+        await world.wait_pod(name, lambda p: p["metadata"]["uid"] != pod["metadata"]["uid"])
+        proxy = await world.wait_proxy("d1", lambda o: phase(o) == "Provisioning" and has_pod(o))
+        assert pod_of(proxy) == name
+        assert world.events("InstanceMissing")
+
+
+async def test_terminated_pod_is_replaced(world: World) -> None:
+    with trio.fail_after(10):
+        await world.create_proxy("t1", managed_spec())
+        proxy = await world.wait_proxy("t1", has_pod)
+        name = pod_of(proxy)
+        pod = await world.wait_pod(name)
+        await world.client.patch_status(PODS, name, {"status": {"phase": "Failed"}},
+                                        namespace=POD_NS)
+        await world.wait_pod(name, lambda p: p["metadata"]["uid"] != pod["metadata"]["uid"])
+        assert world.events("InstanceStopped")
+
+
+async def test_permanent_failure_latches_until_generation_moves(world: World) -> None:
+    with trio.fail_after(10):
+        world.server.faults.fail_next(1, code=422, method="POST", resource="pods",
+                                      message="pod is invalid")
+        await world.create_proxy("f1", managed_spec())
+        proxy = await world.wait_proxy("f1", lambda o: phase(o) == "Failed")
+        provisioned = condition(proxy, "Provisioned")
+        assert provisioned is not None and provisioned["reason"] == "PermanentFailure"
+        assert provisioned["observedGeneration"] == proxy["metadata"]["generation"]
+        assert world.events("Failed")
+        # No retry is scheduled, and a later pass (a resync) sees the latch.
+        await world.reconciler.reconcile("default/f1")
+        await world.until(lambda: not world.queue.processing() and not len(world.queue))
+        assert "default/f1" not in world.queue.waiting()
+        assert not world.pods.items()
+
+        await world.client.merge_patch(PROXIES, "f1", {"spec": {"attributes": {"a": "b"}}},
+                                       namespace=NS)
+        proxy = await world.wait_proxy("f1", has_pod)
+        assert phase(proxy) == "Provisioning"
+
+
+async def test_unknown_provider_is_failed(world: World) -> None:
+    with trio.fail_after(10):
+        await world.create_proxy("u1", managed_spec(provider="nope"))
+        proxy = await world.wait_proxy("u1", lambda o: phase(o) == "Failed")
+        assert "no provider named 'nope'" in condition(proxy, "Provisioned")["message"]
+
+
+async def test_status_written_only_when_changed_and_never_cooldowns(world: World) -> None:
+    with trio.fail_after(10):
+        await world.create_proxy("c1", managed_spec())
+        proxy = await world.wait_proxy("c1", has_pod)
+        name = pod_of(proxy)
+        await world.wait_pod(name)
+        await world.kubelet_runs(name, "10.0.0.11")
+        await world.wait_proxy("c1", lambda o: phase(o) == "Ready")
+        await world.until(lambda: not world.queue.processing() and not len(world.queue))
+        writes = len(world.status_patches("c1"))
+        for _ in range(3):
+            await world.reconciler.reconcile("default/c1")
+        assert len(world.status_patches("c1")) == writes
+
+        # The lease layer's cooldown: a status write of its own.
+        until = "2099-01-01T00:00:00Z"
+        await world.client.patch_status(PROXIES, "c1", {"status": {"cooldowns": {
+            "example.org": {"until": until, "reason": "rate_limited"}}}}, namespace=NS)
+        await world.wait_proxy("c1", lambda o: "cooldowns" in o["status"])
+        # A real change (a new Pod IP) makes the reconciler write again.
+        await world.kubelet_runs(name, "10.0.0.12")
+        world.queue.add("default/c1")  # Pod events are no source (SPEC §5): a resync is
+        proxy = await world.wait_proxy("c1", lambda o: o["status"].get("ip") == "10.0.0.12"
+                                       and phase(o) == "Ready")
+        ours = [b for b in world.status_patches("c1") if "phase" in b["status"]]
+        assert len(ours) > writes
+        assert all("cooldowns" not in body["status"] for body in ours)
+        assert proxy["status"]["cooldowns"] == {
+            "example.org": {"until": until, "reason": "rate_limited"}}
+
+
+async def test_quota_retries_after_quota_retry(apiserver: FakeApiServer,
+                                               kube_config: KubeConfig) -> None:
+    settings = attrs.evolve(TEST_SETTINGS, quota_retry=30.0)
+    async with open_world(apiserver, kube_config, settings=settings) as world:
+        with trio.fail_after(10):
+            apiserver.faults.fail_next(1, code=403, method="POST", resource="pods",
+                                       message='pods "x" is forbidden: exceeded quota: q')
+            await world.create_proxy("q1", managed_spec())
+            await world.wait_proxy("q1", lambda o: (
+                condition(o, "Provisioned") or {}).get("reason") == "QuotaExceeded")
+            await world.until(lambda: "default/q1" in world.queue.waiting())
+            due = world.queue.waiting()["default/q1"] - trio.current_time()
+            assert 25.0 < due <= 30.0
+            assert world.events("QuotaExceeded")
+            assert not world.pods.items()
+
+
+async def test_quota_then_created(apiserver: FakeApiServer, kube_config: KubeConfig) -> None:
+    settings = attrs.evolve(TEST_SETTINGS, quota_retry=0.2)
+    async with open_world(apiserver, kube_config, settings=settings) as world:
+        with trio.fail_after(10):
+            apiserver.faults.fail_next(1, code=403, method="POST", resource="pods",
+                                       message="exceeded quota: q")
+            await world.create_proxy("q2", managed_spec())
+            proxy = await world.wait_proxy("q2", has_pod)
+            assert phase(proxy) == "Provisioning"
+
+
+async def test_worker_cancelled_mid_key_requeues_it(apiserver: FakeApiServer,
+                                                    kube_config: KubeConfig) -> None:
+    held = trio.Event()
+
+    async def hold(request: httpx.Request) -> None:
+        if request.method == "POST" and request.url.path.endswith("/pods"):
+            held.set()
+            await trio.sleep_forever()  # a create that never answers
+
+    with trio.fail_after(10):
+        async with open_world(apiserver, kube_config, hold=hold) as world:
+            await world.create_proxy("x1", managed_spec())
+            await held.wait()
+            assert "default/x1" in world.queue.processing()
+            # Leadership lost: only the reconciler's scope is cancelled.
+            world.reconciler_scope.cancel()
+            await world.until(lambda: "default/x1" not in world.queue.processing())
+            assert len(world.queue) == 1
+            assert world.queue.get_nowait() == "default/x1"
