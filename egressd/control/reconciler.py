@@ -254,6 +254,8 @@ class _Pass:
     draft: ProxyStatus
     observed: ProxyStatus
     now: datetime
+    # Versions of the object this pass's writes replaced (see Reconciler._fresh).
+    superseded: set[str] = attrs.field(factory=set)
 
     @property
     def generation(self) -> int:
@@ -262,6 +264,7 @@ class _Pass:
     def seen(self, raw: Obj) -> None:
         """A newer object came back from a write: keep its metadata, never its status
         over the draft."""
+        self.superseded.add(self.proxy.metadata.resource_version)
         self.raw = raw
         self.proxy = parse_proxy(raw)
         self.observed = self.proxy.status
@@ -335,6 +338,9 @@ class Reconciler:
         # The phase each key counts under in the PROXIES gauge (kept per key,
         # so the gauge never needs a scan of the fleet).
         self._phases: dict[str, Phase] = {}
+        # Key -> (versions our writes replaced, the object the last write
+        # returned), until the cache shows something newer.
+        self._ahead: dict[str, tuple[frozenset[str], Obj]] = {}
 
     # --- workers ---------------------------------------------------------
 
@@ -392,7 +398,7 @@ class Reconciler:
         RECONCILE_DURATION.observe(trio.current_time() - start)
 
     async def _reconcile(self, key: str) -> _Next:
-        raw = self._proxies.get(key)
+        raw, superseded = self._fresh(key, self._proxies.get(key))
         if raw is None:
             self._engine.remove(key)
             self._set_phase(key, None)
@@ -404,7 +410,7 @@ class Reconciler:
             log.error("proxy does not fit the model", extra={"proxy": key, "error": str(exc)})
             return _Next(RESULT_INVALID)
         p = _Pass(key=key, raw=raw, proxy=proxy, draft=proxy.status, observed=proxy.status,
-                  now=self._wall_clock())
+                  now=self._wall_clock(), superseded=set(superseded))
         written = False
         try:
             try:
@@ -427,8 +433,30 @@ class Reconciler:
             log.warning("API call failed, retrying",
                         extra={"proxy": key, "error": str(exc)})
             outcome = _Next(RESULT_ERROR, rate_limited=True)
+        if p.superseded - superseded:
+            self._ahead[key] = (frozenset(p.superseded), p.raw)
         self._set_phase(key, p.draft.phase)
         return outcome
+
+    def _fresh(self, key: str, cached: Obj | None) -> tuple[Obj | None, frozenset[str]]:
+        """The newest known version of `key`: the cache's, unless it is one our own
+        writes already replaced (the watch has not delivered them yet).
+
+        Without this a pass right after a write (a poll, a Secret event) would act
+        on the old version, e.g. see the replaced instance's providerID, find it
+        gone and clear the new one. Versions are only compared for equality.
+        """
+        ahead = self._ahead.get(key)
+        if ahead is None:
+            return cached, frozenset()
+        superseded, mine = ahead
+        if cached is None:
+            del self._ahead[key]
+            return None, frozenset()
+        if str((cached.get("metadata") or {}).get("resourceVersion") or "") in superseded:
+            return mine, superseded
+        del self._ahead[key]  # the cache caught up, or someone else wrote since
+        return cached, frozenset()
 
     # --- Managed ---------------------------------------------------------
 
@@ -534,9 +562,9 @@ class Reconciler:
 
     async def _delete(self, p: _Pass) -> _Next:
         self._engine.remove(p.key)
-        meta = p.proxy.metadata
         # Written first: once the finalizer goes, so does the object.
         await self._write_status(p)
+        meta = p.proxy.metadata  # the status write moved the resourceVersion
         if FINALIZER not in meta.finalizers:
             return _Next()
         pid = p.draft.provider_id
@@ -679,7 +707,9 @@ class Reconciler:
         meta = p.proxy.metadata
         answer = await self._client.patch_status(PROXIES, meta.name, {"status": wire},
                                                  namespace=meta.namespace)
+        p.superseded.add(meta.resource_version)
         p.raw = answer
+        p.proxy = attrs.evolve(p.proxy, metadata=parse_proxy(answer).metadata)
         p.observed = parse_proxy(answer).status
 
     def _set_phase(self, key: str, phase: Phase | None) -> None:

@@ -81,12 +81,17 @@ async def test_managed_lifecycle(world: World) -> None:
         await world.until(lambda: gauge("Ready") == ready_before + 1)
         assert world.events("Created")
 
+        conflicts = REGISTRY.get_sample_value("egressd_reconciles_total",
+                                              {"result": "conflict"}) or 0.0
         await world.client.delete(PROXIES, "p1", namespace=NS)
         await world.wait_gone(world.proxies, "default/p1")
         with pytest.raises(NotFound):
             await world.client.get(PODS, pod_name, namespace=POD_NS)
         assert world.events("Deleted")
         assert "default/p1" not in world.engine
+        # The finalizer patch carried the version the Deleting status write made.
+        assert (REGISTRY.get_sample_value("egressd_reconciles_total", {"result": "conflict"})
+                or 0.0) == conflicts
         await world.until(lambda: gauge("Ready") == ready_before)
 
 
