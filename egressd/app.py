@@ -24,7 +24,9 @@ from collections.abc import Mapping
 import attrs
 import trio
 
+from egressd.control.gc import run_orphan_gc
 from egressd.control.queue import WorkQueue
+from egressd.control.reconciler import Reconciler, feed_queue
 from egressd.errors import ConfigError
 from egressd.health.engine import HealthEngine
 from egressd.health.probe import Prober, make_ssl_context
@@ -135,9 +137,17 @@ async def _lead(parts: _Parts, *,
     settings = parts.settings
     engine = HealthEngine(parts.prober.probe, on_change=parts.queue.add,
                           concurrency=settings.probe_concurrency)
-    # INTERIM until the reconciler lands: the engine alone (nothing feeds it yet).
+    reconciler = Reconciler(
+        client=parts.client, proxies=parts.proxies, secrets=parts.secrets,
+        providers=parts.providers, engine=engine, queue=parts.queue, events=parts.events,
+        settings=settings)
     async with trio.open_nursery() as nursery:
         await nursery.start(engine.run)
+        await nursery.start(reconciler.run)
+        await nursery.start(functools.partial(
+            run_orphan_gc, providers=parts.providers, proxies=parts.proxies,
+            cluster_name=settings.cluster_name, interval=settings.gc_interval,
+            min_age=settings.orphan_min_age))
         task_status.started()
 
 
@@ -209,7 +219,7 @@ async def _run_parts(
     cloud_init = Informer(SECRETS, namespace=namespace,
                           label_selector=f"{CLOUD_INIT_LABEL}=true")
     queue: WorkQueue[str] = WorkQueue()
-    proxies.add_key_handler(queue.add)  # INTERIM until the reconciler's feed_queue lands
+    feed_queue(queue, proxies=proxies, secrets=cloud_init)
     source = InformerProxySource(proxies)
     memory = MemoryLeaseStore.from_settings(settings)
     store = PersistentLeaseStore(memory, client=client, lookup=proxies.get)

@@ -32,7 +32,6 @@ from egressd.settings import parse_settings
 from tests.health.peers import ProxyProcess, find_binary, run_tinyproxy, serve_target
 
 TOKEN = "discovery-s3cret-token"
-RECONCILER_LANDED = False
 
 Obj = dict[str, Any]
 
@@ -122,7 +121,6 @@ async def test_daemon_serves_readyz_metrics_and_warns_once_without_a_token(
     assert started[0].__dict__["discovery"] == addrs.discovery_url
 
 
-@pytest.mark.skipif(not RECONCILER_LANDED, reason="needs the reconciler (egressd.control)")
 async def test_external_proxy_through_tinyproxy_becomes_ready_and_is_leased(
     apiserver: FakeApiServer, kubeconfig: str, kube_client: KubeClient, ca: trustme.CA,
     ca_file: str, tinyproxy: ProxyProcess, tmp_path: Path,
@@ -145,8 +143,7 @@ async def test_external_proxy_through_tinyproxy_becomes_ready_and_is_leased(
                 "metadata": {"name": "ext", "namespace": "default"},
                 "spec": {"mode": "External", "attributes": {"region": "eu"},
                          "endpoint": {"host": tinyproxy.host, "port": tinyproxy.port},
-                         "healthCheck": {"probeURL": f"https://127.0.0.1:{target.port}/",
-                                         "intervalSeconds": 5}}})
+                         "healthCheck": {"probeURL": f"https://127.0.0.1:{target.port}/"}}})
             ready = await wait_for(proxies, "default/ext",
                                    lambda o: (o.get("status") or {}).get("phase") == "Ready")
             assert ready["status"]["host"] == tinyproxy.host
@@ -197,23 +194,37 @@ async def test_two_daemons_one_leader_and_the_standby_takes_over_at_once(
             nursery.cancel_scope.cancel()
 
 
+async def read_log(stream: trio.abc.ReceiveStream, log: bytearray, marker: bytes,
+                   seen: trio.Event) -> None:
+    """Collect a process's stderr into `log`; set `seen` once `marker` is in it."""
+    async for chunk in stream:
+        log.extend(chunk)
+        if marker in log:
+            seen.set()
+
+
 async def test_run_command_stops_on_sigterm_and_releases_its_lease(
     kubeconfig: str, kube_client: KubeClient, tmp_path: Path,
 ) -> None:
-    stderr_path = tmp_path / "stderr"
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(tmp_path),
            "DISCOVERY_TOKEN": TOKEN}
+    output = bytearray()
+    leading = trio.Event()
     with trio.fail_after(25):
         async with trio.open_nursery() as nursery:
             leases = await watching(nursery, kube_client, Informer(LEASES, namespace="default"))
-            with stderr_path.open("wb") as stderr:
-                proc = await trio.lowlevel.open_process(
-                    [sys.executable, "-m", "egressd", "run", "--kubeconfig", kubeconfig,
-                     "--discovery-addr", "127.0.0.1:0", "--metrics-addr", "127.0.0.1:0",
-                     "--shutdown-grace", "2s", *ELECTION],
-                    env=env, stdout=subprocess.DEVNULL, stderr=stderr)
+            proc = await trio.lowlevel.open_process(
+                [sys.executable, "-m", "egressd", "run", "--kubeconfig", kubeconfig,
+                 "--discovery-addr", "127.0.0.1:0", "--metrics-addr", "127.0.0.1:0",
+                 "--shutdown-grace", "2s", *ELECTION],
+                env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            assert proc.stderr is not None
+            nursery.start_soon(read_log, proc.stderr, output, b"became leader", leading)
             try:
-                lease = await wait_for(leases, "default/egressd", lambda o: bool(holder(o)))
+                # Its log, not the Lease: the Lease shows the holder as soon as the write
+                # lands, before the process has read the answer and knows it leads.
+                await leading.wait()
+                await wait_for(leases, "default/egressd", lambda o: bool(holder(o)))
                 proc.send_signal(signal.SIGTERM)
                 # Grace 2 s plus one API call; the fail_after above is the hard bound.
                 with trio.fail_after(8):
@@ -222,15 +233,15 @@ async def test_run_command_stops_on_sigterm_and_releases_its_lease(
                 if proc.returncode is None:
                     proc.kill()
                     await proc.wait()
-            log = stderr_path.read_text()
-            assert code == 0, log
-            assert "egressd started" in log
-            assert "released the leader lease" in log
-            assert TOKEN not in log
             # Released: an empty holder, so a standby need not wait out the duration.
             released = await wait_for(leases, "default/egressd", lambda o: not holder(o))
-            assert released["spec"]["leaseDurationSeconds"] == 1, holder(lease)
+            assert released["spec"]["leaseDurationSeconds"] == 1
             nursery.cancel_scope.cancel()
+    log = output.decode(errors="replace")
+    assert code == 0, log
+    assert "egressd started" in log
+    assert "released the leader lease" in log, log
+    assert TOKEN not in log
 
 
 def test_run_without_any_kubeconfig_exits_2_with_one_line(tmp_path: Path) -> None:
