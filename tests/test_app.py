@@ -166,12 +166,13 @@ ELECTION = ("--leader-elect", "true", "--leader-lease-duration", "15s",
 
 
 async def test_two_daemons_one_leader_and_the_standby_takes_over_at_once(
-    kubeconfig: str, kube_client: KubeClient,
+    apiserver: FakeApiServer, kubeconfig: str, kube_client: KubeClient,
 ) -> None:
     # Takeover well inside the 15 s lease duration shows the leader released its Lease.
     with trio.fail_after(12):
         async with trio.open_nursery() as nursery:
             leases = await watching(nursery, kube_client, Informer(LEASES, namespace="default"))
+            proxies = await watching(nursery, kube_client, Informer(PROXIES))
             first = trio.CancelScope()
             inputs = daemon_inputs(kubeconfig, *ELECTION)
 
@@ -191,6 +192,14 @@ async def test_two_daemons_one_leader_and_the_standby_takes_over_at_once(
             taken = await wait_for(leases, "default/egressd",
                                    lambda o: holder(o) not in ("", leader))
             assert taken["spec"]["leaseTransitions"] >= 1
+            # The new leader reconciles: an External proxy gets its Provisioned condition.
+            apiserver.create({
+                "apiVersion": "crawl.example.com/v1alpha1", "kind": "Proxy",
+                "metadata": {"name": "after-takeover", "namespace": "default"},
+                "spec": {"mode": "External", "endpoint": {"host": "127.0.0.1", "port": 9}}})
+            await wait_for(proxies, "default/after-takeover", lambda o: any(
+                c.get("type") == "Provisioned" and c.get("status") == "True"
+                for c in (o.get("status") or {}).get("conditions") or []))
             nursery.cancel_scope.cancel()
 
 
