@@ -36,6 +36,10 @@ def _parser() -> argparse.ArgumentParser:
                          help="Write a JSON file with the endpoints once ready.")
     sandbox.add_argument("--proxies", type=int, default=3, metavar="N",
                          help="Managed sample proxies to create (default 3).")
+    sandbox.add_argument("--discovery-addr", default=":8090", metavar="ADDR",
+                         help="Address of the sandbox daemon's discovery API (default :8090).")
+    sandbox.add_argument("--metrics-addr", default=":8080", metavar="ADDR",
+                         help="Address of the sandbox daemon's /metrics (default :8080).")
     sandbox.add_argument("--log-level", default="info",
                          choices=["debug", "info", "warning", "error"])
 
@@ -72,7 +76,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             code: int = sandbox_main(
                 api_only=args.api_only, ready_file=args.ready_file, proxies=args.proxies,
-                log_level=args.log_level)
+                log_level=args.log_level, discovery_addr=args.discovery_addr,
+                metrics_addr=args.metrics_addr)
             return code
         if args.command == "run":
             import functools
