@@ -248,7 +248,8 @@ async def serve_sandbox(
             probe_ca = target.write_ca(os.path.join(workdir, "probe-ca.pem"))
             addresses = AddressPool()
             external = await nursery.start(functools.partial(
-                _run_external_proxy, software, host=addresses.take(), port=PROXY_PORT))
+                _run_external_proxy, software, host=addresses.take(port=PROXY_PORT),
+                port=PROXY_PORT))
             kubelet = LocalKubelet(client, namespace=PROVIDER_NAMESPACE, software=software,
                                    addresses=addresses)
             await nursery.start(kubelet.run)

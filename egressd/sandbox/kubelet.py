@@ -21,6 +21,7 @@ from __future__ import annotations
 import ipaddress
 import logging
 import re
+import socket
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
@@ -66,12 +67,30 @@ class AddressPool:
     def __init__(self, first: str = FIRST_ADDRESS) -> None:
         self._next = ipaddress.IPv4Address(first)
 
-    def take(self) -> str:
-        address = self._next
-        if address >= ipaddress.IPv4Address("127.255.255.255"):
-            raise AddressesExhausted("no loopback address left")
-        self._next = address + 1
-        return str(address)
+    def take(self, *, port: int | None = None) -> str:
+        """The next address; with `port`, the next one where that port is free.
+
+        Skipping taken ones lets two sandboxes (or a sandbox and the test
+        suite) share the machine.
+        """
+        while True:
+            address = self._next
+            if address >= ipaddress.IPv4Address("127.255.255.255"):
+                raise AddressesExhausted("no loopback address left")
+            self._next = address + 1
+            if port is None or port_free(str(address), port):
+                return str(address)
+
+
+def port_free(host: str, port: int) -> bool:
+    """Whether `host:port` can be bound now (as a proxy binds it: SO_REUSEADDR)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError:
+            return False
+    return True
 
 
 def pod_port(pod: Mapping[str, Any]) -> int:
@@ -216,8 +235,8 @@ class LocalKubelet:
         meta = pod["metadata"]
         name = meta["name"]
         with run.scope:
-            host = self._addresses.take()
             port = pod_port(pod)
+            host = self._addresses.take(port=port)
             try:
                 async with open_local_proxy(self._software, host=host, port=port,
                                             allowed_sources=allowed_sources(pod)) as proxy:

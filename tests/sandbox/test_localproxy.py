@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import ssl
 from pathlib import Path
 
@@ -30,6 +31,13 @@ def installed(kind: str) -> ProxySoftware:
     if binary is None:
         pytest.skip(f"{kind} is not installed (apt-get install {kind})")
     return ProxySoftware(kind=kind, binary=binary)  # type: ignore[arg-type]
+
+
+def free_port(host: str) -> int:
+    # Another process may bind it before the proxy does; unlikely on 127.0.0.9.
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
 
 
 def alive(pid: int) -> bool:
@@ -74,8 +82,9 @@ async def test_local_proxy_tunnels_to_the_target_and_stops(kind: str, tmp_path: 
         async with trio.open_nursery() as nursery:
             url = await nursery.start(target.serve)
             prober = Prober(ca_file=target.write_ca(str(tmp_path / "ca.pem")))
-            async with open_local_proxy(software, host="127.0.0.9", port=3999) as proxy:
-                assert proxy.url == "http://127.0.0.9:3999"
+            port = free_port("127.0.0.9")
+            async with open_local_proxy(software, host="127.0.0.9", port=port) as proxy:
+                assert proxy.url == f"http://127.0.0.9:{port}"
                 result = await prober.probe(ProbeTarget(key="k", host=proxy.host,
                                                         port=proxy.port, url=url, timeout=5))
                 assert result.ok, result.reason
@@ -85,7 +94,7 @@ async def test_local_proxy_tunnels_to_the_target_and_stops(kind: str, tmp_path: 
             assert proxy.stopped.is_set()
             assert not alive(pid)
             with pytest.raises(OSError):
-                await trio.open_tcp_stream("127.0.0.9", 3999)
+                await trio.open_tcp_stream("127.0.0.9", port)
             nursery.cancel_scope.cancel()
 
 
@@ -93,5 +102,5 @@ async def test_a_proxy_that_exits_at_once_is_a_start_failure() -> None:
     with trio.fail_after(20):
         with pytest.raises(ProxyStartFailed, match="exited with code 1"):
             async with open_local_proxy(ProxySoftware(kind="squid", binary="/bin/false"),
-                                        host="127.0.0.9", port=3998):
+                                        host="127.0.0.9", port=free_port("127.0.0.9")):
                 pytest.fail("a process that exited cannot be ready")
