@@ -3,9 +3,9 @@
 One scenario, in the order a newcomer would try things: start the sandbox,
 see every proxy Ready in `kubectl get px`, list and lease over the discovery
 API with curl, send a real request through the leased proxy, report a rate
-limit and see the cooldown in the Proxy's status, release the lease, delete
-a Managed proxy and see its Pod and process go, then SIGTERM and see
-nothing left behind.
+limit and see the cooldown in the Proxy's status, release the lease, apply a
+proxy of one's own and see it Ready, delete a Managed proxy and see its Pod
+and process go, then SIGTERM and see nothing left behind.
 """
 
 from __future__ import annotations
@@ -34,6 +34,16 @@ pytestmark = [
 ]
 
 MANAGED = 2
+PROXY_YAML = """\
+apiVersion: crawl.example.com/v1alpha1
+kind: Proxy
+metadata: {{name: mine, namespace: default}}
+spec:
+  mode: Managed
+  provider: local
+  attributes: {{team: me}}
+  healthCheck: {{probeURL: "{probe_url}", intervalSeconds: 5, timeoutSeconds: 2}}
+"""
 STARTED = re.compile(r"local proxy started kind=\S+ address=(\S+) pid=(\d+)")
 
 
@@ -44,11 +54,11 @@ def _need_proxy_software() -> None:
         pytest.skip(str(exc))
 
 
-async def run(env: Mapping[str, str], *argv: str) -> str:
+async def run(env: Mapping[str, str], *argv: str, stdin: bytes = b"") -> str:
     """Run a command like a user at a shell; its stdout (a failure shows its stderr)."""
-    with trio.fail_after(30):
-        result = await trio.run_process(list(argv), capture_stdout=True, capture_stderr=True,
-                                        env=env, check=False)
+    with trio.fail_after(40):
+        result = await trio.run_process(list(argv), stdin=stdin, capture_stdout=True,
+                                        capture_stderr=True, env=env, check=False)
     assert result.returncode == 0, (argv, result.stdout.decode(), result.stderr.decode())
     return str(result.stdout.decode())
 
@@ -173,6 +183,14 @@ async def _scenario(process: trio.Process, ready_file: Path, log: Path, home: Pa
                               token=token)
     assert status == 204, body
 
+    # --- kubectl apply a Managed proxy of one's own: it becomes Ready too
+    manifest = PROXY_YAML.format(probe_url=info["probeUrl"])
+    await run(env, "kubectl", "apply", "-f", "-", stdin=manifest.encode())
+    await run(env, "kubectl", "wait", "px/mine", "--for=jsonpath={.status.phase}=Ready",
+              "--timeout=30s")
+    described = await run(env, "kubectl", "describe", "px", "mine")
+    assert "Managed" in described and "Ready" in described, described
+
     # --- kubectl delete a Managed proxy: its Pod and its proxy process go
     victim = "sample-1"
     address = f"{table[victim][4]}:3128"
@@ -180,11 +198,11 @@ async def _scenario(process: trio.Process, ready_file: Path, log: Path, home: Pa
     assert alive(pid)
     pods_before = (await run(env, "kubectl", "get", "pods", "-n", "egressd-proxies",
                              "-o", "name")).split()
-    assert len(pods_before) == MANAGED
+    assert len(pods_before) == MANAGED + 1  # the samples and "mine"
     await run(env, "kubectl", "delete", "px", victim, "--timeout=20s")
     pods_after = (await run(env, "kubectl", "get", "pods", "-n", "egressd-proxies",
                             "-o", "name")).split()
-    assert len(pods_after) == MANAGED - 1 and set(pods_after) < set(pods_before)
+    assert len(pods_after) == MANAGED and set(pods_after) < set(pods_before)
     with trio.fail_after(10):
         await exited(pid)
     gone = await trio.run_process(["kubectl", "get", "px", victim], capture_stdout=True,
@@ -193,7 +211,7 @@ async def _scenario(process: trio.Process, ready_file: Path, log: Path, home: Pa
 
     # --- SIGTERM: exit 0, no proxy process, ready file and kubeconfig gone
     pids = started_proxies(log)
-    assert len(pids) == MANAGED + 1  # the Managed samples plus the External one
+    assert len(pids) == MANAGED + 2  # the Managed samples, "mine" and the External one
     process.send_signal(signal.SIGTERM)
     assert await process.wait() == 0, (await trio.Path(log).read_text())[-3000:]
     assert [p for p in pids.values() if alive(p)] == []
