@@ -83,10 +83,14 @@ def test_run_stops_at_start_on_a_bad_file(
     assert len(out.stderr.strip().splitlines()) == 1
 
 
-def test_run_with_good_inputs_gets_past_the_checks(tmp_path: pathlib.Path) -> None:
+def test_run_with_good_files_goes_on_to_the_cluster_connection(tmp_path: pathlib.Path) -> None:
+    # Every named file is fine, so start-up gets as far as the kubeconfig lookup, which
+    # fails cleanly here (no kubeconfig, not in a cluster) — and never prints the token.
     token = tmp_path / "token"
     token.write_text("s3cret\n")
-    out = egressd("run", "--discovery-token-file", str(token), env={"PATH": "/usr/bin:/bin"})
-    assert out.returncode == 1
-    assert "not built yet" in out.stderr
+    out = egressd("run", "--discovery-token-file", str(token),
+                  env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)})
+    assert out.returncode == 2, out.stderr
+    assert "kubeconfig" in out.stderr
     assert "s3cret" not in out.stderr
+    assert "Traceback" not in out.stderr

@@ -67,6 +67,9 @@ class LeaderElector:
         self._observed_at = -math.inf
         self._renewed_at = -math.inf
         self.leading = False
+        self.may_hold = False
+        """True from the moment a write that takes the Lease is sent until a read shows
+        another holder: a write cancelled before its answer may still have landed."""
 
     @property
     def holder(self) -> str:
@@ -82,6 +85,7 @@ class LeaderElector:
                                 "holder": spec.get("holderIdentity") or ""})
             self._observed_spec = spec
             self._observed_at = trio.current_time()
+        self.may_hold = self.holder == self.identity
 
     def _held_by_other(self) -> bool:
         spec = self._observed_spec or {}
@@ -117,9 +121,11 @@ class LeaderElector:
         except NotFound:
             body = {"metadata": {"name": self.name, "namespace": self.namespace},
                     "spec": self._spec(None)}
+            self.may_hold = True
             try:
                 created = await self._client.create(LEASES, body, namespace=self.namespace)
             except Conflict:
+                self.may_hold = False
                 return False  # another candidate created it first
             self._observe(created)
             self._renewed_at = began
@@ -128,10 +134,12 @@ class LeaderElector:
         if self._held_by_other():
             return False
         body = {**lease, "spec": self._spec(lease.get("spec"))}
+        self.may_hold = True
         try:
             updated = await self._client.replace(LEASES, self.name, body,
                                                  namespace=self.namespace)
         except Conflict:
+            self.may_hold = self.holder == self.identity
             return False  # someone wrote since our read; look again next round
         self._observe(updated)
         self._renewed_at = began
@@ -239,7 +247,9 @@ async def run_elected(
         was_leading = elector.leading
         elector.leading = False
         LEADER.set(0)
-        if was_leading and release_on_cancel:
+        # `may_hold` covers a cancel between the acquiring write landing and its answer:
+        # not yet leading, but the Lease may name this replica. release() checks first.
+        if (was_leading or elector.may_hold) and release_on_cancel:
             # Shutdown (or lead() ended): hand the Lease over now instead of
             # making the standby wait out the lease duration.
             with trio.CancelScope(shield=True), trio.move_on_after(renew_deadline):

@@ -246,9 +246,39 @@ async def test_renew_deadline_counts_from_the_request_not_the_answer(
             assert a.stopped_at <= b.started_at
             a.scope.cancel()
             b.scope.cancel()
+            # a may still hold the Lease as far as it knows, so it tries a release,
+            # bounded by its renew deadline: let it finish before its client closes.
+            await a.finished.wait()
 
 
 def test_timings_must_be_ordered() -> None:
     with pytest.raises(ValueError, match="retry_period < renew_deadline < lease_duration"):
         LeaderElector(None, name="x", namespace="y", identity="z",  # type: ignore[arg-type]
                       lease_duration=1.0, renew_deadline=2.0, retry_period=0.1)
+
+
+async def test_cancel_while_the_acquiring_write_is_unanswered_still_releases(
+    kube_config: KubeConfig, apiserver: FakeApiServer, nursery: trio.Nursery
+) -> None:
+    # The Lease is created on the server, but its answer is held back: the candidate
+    # never learns it leads. Cancelled in that window, it must still hand the Lease
+    # back, or a standby waits out the whole lease duration.
+    write_landed = trio.Event()
+    hold = trio.Event()
+
+    async def hold_lease_writes(response: httpx.Response) -> None:
+        if response.request.method in ("POST", "PUT") and "/leases" in str(response.url):
+            write_landed.set()
+            await hold.wait()
+
+    async with hooked_client(kube_config, on_response=[hold_lease_writes]) as client:
+        a = Candidate(client, "a", lease_duration=30.0, renew_deadline=20.0)
+        with trio.fail_after(10):
+            await nursery.start(a.run)
+            await write_landed.wait()
+            assert lease_spec(apiserver)["holderIdentity"] == "a"
+            assert not a.leading.is_set()
+            a.scope.cancel()  # delivered to the held hook at once
+            hold.set()  # later answers (the release's) flow again
+            await a.finished.wait()
+    assert lease_spec(apiserver)["holderIdentity"] == ""
