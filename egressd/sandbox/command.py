@@ -41,13 +41,8 @@ from egressd.kube.resources import NAMESPACES, PROXIES
 from egressd.providers.config import KUBERNETES
 from egressd.sandbox.apiserver import FakeApiServer
 from egressd.sandbox.apiserver.tls import write_private
-from egressd.sandbox.kubelet import AddressPool, LocalKubelet
-from egressd.sandbox.localproxy import (
-    ProxySoftware,
-    ProxySoftwareMissing,
-    find_proxy_software,
-    open_local_proxy,
-)
+from egressd.sandbox.kubelet import AddressPool, LocalKubelet, open_pooled_proxy
+from egressd.sandbox.localproxy import ProxySoftware, ProxySoftwareMissing, find_proxy_software
 from egressd.sandbox.probe_target import ProbeTargetServer
 from egressd.settings import Settings
 
@@ -248,8 +243,7 @@ async def serve_sandbox(
             probe_ca = target.write_ca(os.path.join(workdir, "probe-ca.pem"))
             addresses = AddressPool()
             external = await nursery.start(functools.partial(
-                _run_external_proxy, software, host=addresses.take(port=PROXY_PORT),
-                port=PROXY_PORT))
+                _run_external_proxy, software, addresses=addresses, port=PROXY_PORT))
             kubelet = LocalKubelet(client, namespace=PROVIDER_NAMESPACE, software=software,
                                    addresses=addresses)
             await nursery.start(kubelet.run)
@@ -281,15 +275,15 @@ async def serve_sandbox(
             await trio.sleep_forever()
 
 
-async def _run_external_proxy(software: ProxySoftware, *, host: str, port: int,
+async def _run_external_proxy(software: ProxySoftware, *, addresses: AddressPool, port: int,
                               task_status: trio.TaskStatus[tuple[str, int]]
                               = trio.TASK_STATUS_IGNORED) -> None:
     """The proxy the External sample points at: not a Pod, just a process."""
-    async with open_local_proxy(software, host=host, port=port) as proxy:
+    async with open_pooled_proxy(software, addresses=addresses, port=port) as proxy:
         task_status.started((proxy.host, proxy.port))
         code = await proxy.wait()
-        raise EgressdError(f"the External sample's {proxy.kind} on {host}:{port} exited "
-                           f"with code {code}")
+        raise EgressdError(f"the External sample's {proxy.kind} on {proxy.host}:{proxy.port} "
+                           f"exited with code {code}")
 
 
 # --- entry point --------------------------------------------------------------

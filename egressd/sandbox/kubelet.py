@@ -6,11 +6,12 @@
 
 It watches the Pods of one namespace through the API (an Informer). Each new
 Pod gets its own loopback address (127.0.0.10 upward, never reused, so an
-address always names one Pod) and a Squid or tinyproxy there on the Pod's
-container port, configured for the sources the Pod's SQUID_CONF allows. Once
-the process accepts connections the Pod's status becomes what a kubelet
-writes (phase Running, podIP, Ready conditions). Deleting the Pod, or
-marking it for deletion, stops the process. A process that dies by itself
+address always names one Pod; one whose port another program holds is
+skipped) and a Squid or tinyproxy there on the Pod's container port,
+configured for the sources the Pod's SQUID_CONF allows. Once the process
+listens the Pod's status becomes what a kubelet writes (phase Running,
+podIP, Ready conditions). Deleting the Pod, or marking it for deletion,
+stops the process. A process that dies by itself
 makes its Pod `Failed` (the kubernetes provider reads that as Terminated,
 and the reconciler replaces the instance) instead of being restarted in
 place: the failure stays visible.
@@ -22,13 +23,15 @@ import ipaddress
 import logging
 import re
 import socket
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import AsyncExitStack, asynccontextmanager
 from datetime import UTC, datetime
 from typing import Any
 
 import attrs
 import trio
 
+from egressd.errors import EgressdError
 from egressd.kube.client import KubeClient
 from egressd.kube.errors import ApiError, ApiUnavailable, NotFound
 from egressd.kube.informer import Backoff, Informer
@@ -36,6 +39,7 @@ from egressd.kube.resources import PODS, object_key
 from egressd.providers.kubernetes import CONF_ENV
 from egressd.sandbox.localproxy import (
     LOOPBACK_SOURCES,
+    AddressInUse,
     LocalProxy,
     ProxySoftware,
     ProxyStartFailed,
@@ -47,13 +51,20 @@ log = logging.getLogger(__name__)
 Obj = dict[str, Any]
 
 FIRST_ADDRESS = "127.0.0.10"
+LAST_ADDRESS = ipaddress.IPv4Address("127.255.255.254")
 DEFAULT_PORT = 3128
+ADDRESS_SCAN = 256
+"""Addresses `take` tries for a free port before it gives up: a program listening
+on the port on every address (a system squid on *:3128) would otherwise make it
+try all sixteen million."""
+START_ATTEMPTS = 8
+"""Addresses tried when another process takes one between our check and our start."""
 _ACL_SOURCES = re.compile(r"^acl\s+\S+\s+src\s+(.+)$", re.MULTILINE)
 _TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 
 
-class AddressesExhausted(RuntimeError):
-    """Raised when the pool has handed out every address of 127.0.0.0/8."""
+class AddressesExhausted(EgressdError):
+    """Raised when the pool has no address left with the wanted port free."""
 
 
 class AddressPool:
@@ -73,13 +84,18 @@ class AddressPool:
         Skipping taken ones lets two sandboxes (or a sandbox and the test
         suite) share the machine.
         """
-        while True:
+        first = self._next
+        for _ in range(ADDRESS_SCAN):
             address = self._next
-            if address >= ipaddress.IPv4Address("127.255.255.255"):
+            if address > LAST_ADDRESS:
                 raise AddressesExhausted("no loopback address left")
             self._next = address + 1
             if port is None or port_free(str(address), port):
                 return str(address)
+        raise AddressesExhausted(
+            f"port {port} is in use on every loopback address from {first} to {address}: "
+            f"a program listens on *:{port} (a system squid? stop it: "
+            "systemctl disable --now squid)")
 
 
 def port_free(host: str, port: int) -> bool:
@@ -91,6 +107,33 @@ def port_free(host: str, port: int) -> bool:
         except OSError:
             return False
     return True
+
+
+@asynccontextmanager
+async def open_pooled_proxy(software: ProxySoftware, *, addresses: AddressPool, port: int,
+                            allowed_sources: Sequence[str] = LOOPBACK_SOURCES
+                            ) -> AsyncIterator[LocalProxy]:
+    """`open_local_proxy` on the pool's next address where `port` is free.
+
+    An address that another process (another sandbox on this machine) takes
+    between the pool's check and our proxy's start is skipped as well.
+    """
+    async with AsyncExitStack() as stack:
+        proxy: LocalProxy | None = None
+        for _ in range(START_ATTEMPTS):
+            host = addresses.take(port=port)
+            try:
+                proxy = await stack.enter_async_context(open_local_proxy(
+                    software, host=host, port=port, allowed_sources=allowed_sources))
+                break
+            except AddressInUse:
+                log.info("address taken meanwhile, trying the next",
+                         extra={"address": f"{host}:{port}"})
+        if proxy is None:
+            raise AddressesExhausted(f"{START_ATTEMPTS} loopback addresses in a row were taken "
+                                     f"by other processes before our proxy on port {port} "
+                                     "could listen")
+        yield proxy
 
 
 def pod_port(pod: Mapping[str, Any]) -> int:
@@ -235,20 +278,19 @@ class LocalKubelet:
         meta = pod["metadata"]
         name = meta["name"]
         with run.scope:
-            port = pod_port(pod)
-            host = self._addresses.take(port=port)
             try:
-                async with open_local_proxy(self._software, host=host, port=port,
-                                            allowed_sources=allowed_sources(pod)) as proxy:
+                async with open_pooled_proxy(self._software, addresses=self._addresses,
+                                             port=pod_port(pod),
+                                             allowed_sources=allowed_sources(pod)) as proxy:
                     run.proxy = proxy
+                    address = f"{proxy.host}:{proxy.port}"
                     log.info("pod running", extra={"pod": f"{self.namespace}/{name}",
-                                                   "address": f"{host}:{port}"})
+                                                   "address": address})
                     if not await self._write_status(name, running_status(pod, proxy)):
                         return
                     code = await proxy.wait()
-                    raise ProxyStartFailed(f"{proxy.kind} on {host}:{port} exited with code "
-                                           f"{code}")
-            except ProxyStartFailed as exc:
+                    raise ProxyStartFailed(f"{proxy.kind} on {address} exited with code {code}")
+            except (ProxyStartFailed, AddressesExhausted) as exc:
                 log.warning("pod failed", extra={"pod": f"{self.namespace}/{name}",
                                                   "error": str(exc)})
                 run.proxy = None

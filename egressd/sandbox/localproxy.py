@@ -13,11 +13,14 @@ block exits, cancelled or not.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import pwd
 import shutil
 import signal
+import socket
+import struct
 import subprocess
 import tempfile
 from collections.abc import AsyncIterator, Sequence
@@ -49,6 +52,14 @@ class ProxySoftwareMissing(EgressdError):
 
 class ProxyStartFailed(EgressdError):
     """Raised when a proxy process exits, or does not accept connections, before it is ready."""
+
+
+class AddressInUse(ProxyStartFailed):
+    """Raised when another process already listens on the proxy's address and port.
+
+    Another sandbox on the same machine can take an address between our
+    check and our start; the caller tries the next address.
+    """
 
 
 @attrs.frozen
@@ -161,15 +172,60 @@ async def _accepts(host: str, port: int) -> bool:
     return True
 
 
+_LISTEN = "0A"
+"""TCP_LISTEN as /proc/net/tcp prints the socket state."""
+
+
+def _proc_address(host: str, port: int) -> str:
+    # /proc/net/tcp prints the network-order address as a native-order integer.
+    (value,) = struct.unpack("=I", socket.inet_aton(host))
+    return f"{value:08X}:{port:04X}"
+
+
+def listener_owned(pid: int, *, host: str, port: int) -> bool | None:
+    """Whether process `pid` listens on `host:port`: True (it does), False (nobody
+    does yet), None when we cannot tell (no /proc). Raises `AddressInUse` when
+    another process listens there, or on every address at that port.
+    """
+    wanted = {_proc_address(host, port), _proc_address("0.0.0.0", port)}  # noqa: S104
+    try:
+        with open("/proc/net/tcp") as table:
+            rows = table.read().splitlines()[1:]
+    except OSError:
+        return None
+    listeners = {f"socket:[{fields[9]}]" for fields in (row.split() for row in rows)
+                 if len(fields) > 9 and fields[1] in wanted and fields[3] == _LISTEN}
+    if not listeners:
+        return False
+    ours = set()
+    try:
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            with suppress(FileNotFoundError):  # a descriptor closed while we looked
+                ours.add(os.readlink(f"/proc/{pid}/fd/{fd}"))
+    except FileNotFoundError:
+        pass  # the process is gone: the listener is another's
+    except OSError:
+        return None  # not ours to look at
+    if ours & listeners:
+        return True
+    raise AddressInUse(f"another process already listens on {host}:{port}")
+
+
 async def _wait_listening(process: trio.Process, *, host: str, port: int, describe: str
                           ) -> None:
-    # A child process tells nothing when it listens; a connect attempt is the
-    # one check that works for both programs (bounded by the caller, and it
-    # stops at exit).
+    # A child process tells nothing when it listens. A connect attempt alone
+    # is fooled by another process already listening there (another sandbox
+    # that took the same address): the listening socket must be the child's
+    # own. Connecting is the fallback where /proc cannot tell. Bounded by the
+    # caller; stops at exit.
     while True:
-        if process.returncode is not None:
-            raise ProxyStartFailed(f"{describe} exited with code {process.returncode}")
-        if await _accepts(host, port):
+        exit_code = process.returncode
+        # Also after an exit: a process that could not bind is AddressInUse.
+        owned = await trio.to_thread.run_sync(
+            functools.partial(listener_owned, process.pid, host=host, port=port))
+        if exit_code is not None:
+            raise ProxyStartFailed(f"{describe} exited with code {exit_code}")
+        if owned or (owned is None and await _accepts(host, port)):
             return
         await trio.sleep(_POLL)
 
@@ -236,7 +292,7 @@ async def open_local_proxy(
                     raise ProxyStartFailed(
                         f"{describe} did not accept connections within {start_timeout:g} s")
             except ProxyStartFailed as exc:
-                raise ProxyStartFailed(f"{exc}; log: {_log_tail(log_file)}") from None
+                raise type(exc)(f"{exc}; log: {_log_tail(log_file)}") from None
             log.info("local proxy started",
                      extra={"kind": software.kind, "address": address, "pid": process.pid})
             proxy = LocalProxy(kind=software.kind, host=host, port=port, pid=process.pid,

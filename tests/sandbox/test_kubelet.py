@@ -3,6 +3,7 @@ provider become real Squid / tinyproxy processes on their own loopback address."
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import signal
 import socket
@@ -22,10 +23,12 @@ from egressd.providers import CreateRequest, InstanceState, gc_labels
 from egressd.providers.config import KubernetesConfig
 from egressd.providers.kubernetes import KubernetesProvider
 from egressd.sandbox.kubelet import (
+    ADDRESS_SCAN,
     AddressesExhausted,
     AddressPool,
     LocalKubelet,
     allowed_sources,
+    open_pooled_proxy,
     pod_port,
 )
 from egressd.sandbox.localproxy import ProxySoftware
@@ -60,6 +63,40 @@ def test_an_address_whose_port_is_taken_is_skipped() -> None:
         port = busy.getsockname()[1]
         pool = AddressPool("127.0.0.77")
         assert pool.take(port=port) == "127.0.0.78"
+
+
+def test_a_port_taken_on_every_address_is_a_clear_error_not_a_long_scan() -> None:
+    """A system squid on *:3128 holds the port on every loopback address."""
+    with socket.socket() as everywhere:
+        everywhere.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        everywhere.bind(("0.0.0.0", 0))
+        everywhere.listen()
+        port = everywhere.getsockname()[1]
+        pool = AddressPool()
+        with pytest.raises(AddressesExhausted, match=rf"port {port} is in use on every "
+                                                     r"loopback address .*systemctl"):
+            pool.take(port=port)
+        assert pool.take() == str(ipaddress.IPv4Address("127.0.0.10") + ADDRESS_SCAN)
+
+
+class BlindPool(AddressPool):
+    """A pool whose check cannot see the listener: another sandbox binding the
+    address between our check and our proxy's start."""
+
+    def take(self, *, port: int | None = None) -> str:
+        return super().take()
+
+
+async def test_an_address_taken_before_the_proxy_listens_is_skipped() -> None:
+    software = installed("tinyproxy")
+    with trio.fail_after(20), socket.socket() as other:
+        other.bind(("127.0.0.90", 0))
+        other.listen()
+        port = other.getsockname()[1]
+        async with open_pooled_proxy(software, addresses=BlindPool("127.0.0.90"),
+                                     port=port) as proxy:
+            assert (proxy.host, proxy.port) == ("127.0.0.91", port)
+            assert proxy.pid != os.getpid()
 
 
 def test_port_and_sources_come_from_the_providers_pod() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import socket
 import ssl
+import subprocess
 from pathlib import Path
 
 import httpx
@@ -13,10 +14,12 @@ import trio
 
 from egressd.health.probe import Prober, ProbeTarget
 from egressd.sandbox.localproxy import (
+    AddressInUse,
     ProxySoftware,
     ProxySoftwareMissing,
     ProxyStartFailed,
     find_proxy_software,
+    listener_owned,
     open_local_proxy,
 )
 from egressd.sandbox.probe_target import ProbeTargetServer
@@ -104,3 +107,37 @@ async def test_a_proxy_that_exits_at_once_is_a_start_failure() -> None:
             async with open_local_proxy(ProxySoftware(kind="squid", binary="/bin/false"),
                                         host="127.0.0.9", port=free_port("127.0.0.9")):
                 pytest.fail("a process that exited cannot be ready")
+
+
+@pytest.mark.parametrize("bind_host", ["127.0.0.9", "0.0.0.0"])
+async def test_another_programs_listener_is_not_our_proxy(bind_host: str) -> None:
+    """A connect would succeed (someone listens there), but the proxy is not ready:
+    it cannot listen where another program does (another sandbox took the
+    address, or a system squid holds the port on every address)."""
+    software = installed("tinyproxy")
+    with trio.fail_after(20), socket.socket() as other:
+        other.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        other.bind((bind_host, 0))
+        other.listen()
+        port = other.getsockname()[1]
+        assert listener_owned(os.getpid(), host="127.0.0.9", port=port)
+        with pytest.raises(AddressInUse, match=f"127.0.0.9:{port}"):
+            async with open_local_proxy(software, host="127.0.0.9", port=port):
+                pytest.fail("another program's listener is not our proxy")
+
+
+def test_listener_owned_says_whose_listener_it_is() -> None:
+    with socket.socket() as bound:
+        bound.bind(("127.0.0.9", 0))
+        port = bound.getsockname()[1]
+        assert listener_owned(os.getpid(), host="127.0.0.9", port=port) is False  # not listening
+        bound.listen()
+        assert listener_owned(os.getpid(), host="127.0.0.9", port=port) is True
+        with subprocess.Popen(["sleep", "30"]) as child:  # alive, listening elsewhere
+            try:
+                with pytest.raises(AddressInUse):
+                    listener_owned(child.pid, host="127.0.0.9", port=port)
+            finally:
+                child.kill()
+        with pytest.raises(AddressInUse):  # gone (exited: it could not bind, say)
+            listener_owned(child.pid, host="127.0.0.9", port=port)
