@@ -2,7 +2,9 @@
 
 `crawl.example.com/spec-hash` holds the SHA-256 hex of the inputs that need a
 new instance when they change: placement, the *resolved* cloud-init text and
-the port. They are hashed as canonical JSON (sorted keys, no whitespace,
+the port (SPEC §3), and the provider's name: an instance lives on one
+provider, so moving a proxy to another one needs a new instance there
+(docs/decisions.md). They are hashed as canonical JSON (sorted keys, no whitespace,
 unset placement fields left out), so the hash does not depend on key order or
 on whether an empty placement is written as `{}` or left out, and an egressd
 upgrade that reorders fields does not replace the fleet.
@@ -36,8 +38,9 @@ def placement_fields(placement: Placement | Mapping[str, str | None] | None) -> 
     return {k: v for k, v in items.items() if v is not None}
 
 
-def spec_hash(*, placement: Placement | Mapping[str, str | None] | None, cloud_init: str,
-              port: int) -> str:
-    """SHA-256 hex of the canonical JSON of placement, resolved cloud-init and port."""
-    doc = {"placement": placement_fields(placement), "cloudInit": cloud_init, "port": port}
+def spec_hash(*, provider: str, placement: Placement | Mapping[str, str | None] | None,
+              cloud_init: str, port: int) -> str:
+    """SHA-256 hex of the canonical JSON of provider, placement, resolved cloud-init and port."""
+    doc = {"provider": provider, "placement": placement_fields(placement),
+           "cloudInit": cloud_init, "port": port}
     return hashlib.sha256(canonical_json(doc).encode("utf-8")).hexdigest()
