@@ -7,7 +7,11 @@ deleted when the Proxy UID on its labels has no Proxy, or that Proxy's
 `status.providerID` names another instance. The age bound protects an
 instance whose providerID write is still in flight (create, then status).
 A Proxy with no providerID yet is left to the reconciler, which re-finds its
-instance by the deterministic name.
+instance by the deterministic name. With a namespace-restricted cache
+(`--namespace`), only instances made for Proxies of that namespace are
+candidates: the Proxies of other namespaces are not in the cache, so their
+instances would all look orphaned (two such deployments may share a cluster
+name, e.g. the default one).
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import trio
 from egressd.kube.informer import Informer
 from egressd.metrics import ORPHANS_DELETED
 from egressd.providers import Instance, cluster_selector, label_value
-from egressd.providers.naming import PROXY_UID
+from egressd.providers.naming import PROXY, PROXY_UID
 from egressd.providers.registry import ProviderRegistry
 
 log = logging.getLogger(__name__)
@@ -42,11 +46,20 @@ def _owners(proxies: Informer) -> dict[str, Mapping[str, Any]]:
     return owners
 
 
-def orphan_reason(instance: Instance, owners: Mapping[str, Mapping[str, Any]]) -> str | None:
-    """Why `instance` is an orphan, or None if a Proxy still owns it (or may)."""
+def orphan_reason(instance: Instance, owners: Mapping[str, Mapping[str, Any]], *,
+                  namespace: str | None = None) -> str | None:
+    """Why `instance` is an orphan, or None if a Proxy still owns it (or may).
+
+    `namespace`: the one namespace the cache holds (None: all). An instance
+    whose `egressd-proxy` label does not begin with it belongs to a Proxy
+    this cache cannot see, and is never an orphan here.
+    """
     uid = instance.labels.get(PROXY_UID)
     if not uid:
         return None  # not attributable: never delete what we cannot account for
+    if namespace is not None and not instance.labels.get(PROXY, "").startswith(
+            label_value(namespace) + "_"):
+        return None
     owner = owners.get(uid)
     if owner is None:
         return "no Proxy has its uid"
@@ -79,7 +92,7 @@ async def collect_orphans(
             continue
         current = now()
         for instance in instances:
-            reason = orphan_reason(instance, owners)
+            reason = orphan_reason(instance, owners, namespace=proxies.namespace)
             if reason is None:
                 continue
             age = (current - instance.created_at).total_seconds()

@@ -139,3 +139,27 @@ async def test_gc_waits_for_the_cache(nursery: trio.Nursery, kube_client: KubeCl
             await trio.testing.wait_all_tasks_blocked()
         assert [p["metadata"]["name"] for p in (await kube_client.list(
             PODS, namespace=POD_NS)).items] == ["px-owned"]
+
+
+async def test_namespaced_cache_spares_other_namespaces(nursery: trio.Nursery,
+                                                        kube_client: KubeClient) -> None:
+    # With --namespace the cache holds one namespace's Proxies; an instance made for
+    # a Proxy elsewhere (another egressd, maybe the same cluster name) is not ours.
+    with trio.fail_after(10):
+        await kube_client.create(NAMESPACES, {"metadata": {"name": POD_NS}})
+        provider = KubernetesProvider(
+            KubernetesConfig(namespace=POD_NS, image="squid"), client=kube_client)
+        registry = ProviderRegistry({"k8s": provider})
+        for pod, namespace in (("px-mine", "default"), ("px-theirs", "team-b"),
+                               ("px-prefix", "default-2")):
+            await provider.create(CreateRequest(name=pod, labels=gc_labels(
+                cluster="test", proxy_uid="gone-uid", namespace=namespace, name="p")))
+        proxies = Informer(PROXIES, namespace="default")
+        await nursery.start(proxies.run, kube_client)
+        removed = await collect_orphans(
+            providers=registry, proxies=proxies, cluster_name="test", min_age=0.0,
+            now=lambda: T0 + timedelta(days=1))
+        assert removed == 1
+        pods = {p["metadata"]["name"] for p in (await kube_client.list(
+            PODS, namespace=POD_NS)).items}
+        assert pods == {"px-theirs", "px-prefix"}
