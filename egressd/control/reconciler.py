@@ -43,6 +43,7 @@ from egressd.control.status import (
     REASON_PROBE_SUCCEEDED,
     REASON_PROVISIONING,
     REASON_QUOTA_EXCEEDED,
+    REASON_REPLACING,
     REASON_RUNNING,
     compute_phase,
     is_failed,
@@ -479,7 +480,8 @@ class Reconciler:
             await self._event(p, WARNING, EVENT_CLOUD_INIT, str(exc))
             return _Next(RESULT_ERROR, rate_limited=True)
         spec = p.proxy.spec
-        wanted = spec_hash(placement=spec.placement, cloud_init=cloud_init, port=spec.port)
+        wanted = spec_hash(provider=spec.provider or "", placement=spec.placement,
+                           cloud_init=cloud_init, port=spec.port)
         # 4. no instance yet
         if not p.draft.provider_id:
             await self._create(p, provider, wanted, cloud_init)
@@ -487,20 +489,26 @@ class Reconciler:
         # 5. the spec moved: replace
         old = p.draft.provider_id
         if p.proxy.metadata.annotations.get(SPEC_HASH_ANNOTATION) != wanted:
+            instance = await self._get(p, provider, old)
+            if instance is not None and instance.name == instance_name(
+                    p.proxy.metadata.uid, wanted):
+                # The annotation was removed or edited by hand, yet the instance
+                # is the one this spec names (its name is made from the hash):
+                # record the hash again rather than replace a good instance.
+                await self._record_hash(p, wanted)
+                return await self._instance_seen(p, provider, instance)
             self._engine.remove(p.key)
             await self._provider_call(p, "delete", provider.delete(old), latch=False)
             p.clear_instance()
-            await self._event(p, NORMAL, EVENT_REPLACED,
-                              f"spec changed: deleted instance {old}, creating a new one")
+            message = f"spec changed: deleted instance {old}, creating a new one"
+            p.provisioned(False, REASON_REPLACING, message)
+            await self._event(p, NORMAL, EVENT_REPLACED, message)
             log.info("replacing instance", extra={"proxy": p.key, "instance": old})
             await self._create(p, provider, wanted, cloud_init)
             return _Next(after=self._settings.provisioning_poll)
         # 6. where the instance is
-        try:
-            instance = await provider.get(old)
-        except Exception as exc:
-            if not is_not_found(exc):
-                raise _Stop(await self._provider_failure(p, "get", exc)) from exc
+        instance = await self._get(p, provider, old)
+        if instance is None:
             self._engine.remove(p.key)
             p.clear_instance()
             p.provisioned(False, REASON_INSTANCE_MISSING, f"instance {old} not found")
@@ -508,6 +516,15 @@ class Reconciler:
                               f"instance {old} not found; creating it again")
             return _Next(after=self._settings.immediate_retry)
         return await self._instance_seen(p, provider, instance)
+
+    async def _get(self, p: _Pass, provider: Provider, provider_id: str) -> Instance | None:
+        """The instance, or None if the provider does not know it; other errors stop the pass."""
+        try:
+            return await provider.get(provider_id)
+        except Exception as exc:
+            if not is_not_found(exc):
+                raise _Stop(await self._provider_failure(p, "get", exc)) from exc
+            return None
 
     async def _instance_seen(self, p: _Pass, provider: Provider, instance: Instance) -> _Next:
         pid = instance.provider_id
@@ -547,16 +564,36 @@ class Reconciler:
                              namespace=meta.namespace, name=meta.name))
         self._engine.remove(p.key)
         instance = await self._provider_call(p, "create", provider.create(request))
+        if instance.state in (InstanceState.STOPPED, InstanceState.TERMINATED):
+            # Create adopted an instance of this name on its way out: the one a
+            # pass just deleted (a Pod in its grace period, a VM still
+            # stopping), or one that stopped before its providerID was
+            # recorded. Recording it would only replace it again and again;
+            # wait until the name is free, asking again that it go.
+            pid = instance.provider_id
+            await self._provider_call(p, "delete", provider.delete(pid), latch=False)
+            state = instance.state.value.lower()
+            p.provisioned(False, REASON_INSTANCE_STOPPED,
+                          f"instance {pid} of that name is {state}; "
+                          "creating it again once it is gone")
+            log.info("instance name still taken by an instance going away",
+                     extra={"proxy": p.key, "instance": pid, "state": state})
+            raise _Stop(_Next(after=self._settings.provisioning_poll))
         # The annotation first: a status write that fails after it leaves no
         # providerID, and the next pass re-finds the instance by its name.
-        if meta.annotations.get(SPEC_HASH_ANNOTATION) != wanted:
-            p.seen(await self._client.merge_patch(PROXIES, meta.name, {"metadata": {
-                "annotations": {SPEC_HASH_ANNOTATION: wanted}}}, namespace=meta.namespace))
+        await self._record_hash(p, wanted)
         p.clear_instance()
         p.draft = attrs.evolve(p.draft, provider_id=instance.provider_id)
         p.provisioned(False, REASON_CREATING, f"created instance {instance.provider_id}")
         log.info("instance created", extra={"proxy": p.key, "instance": instance.provider_id})
         await self._event(p, NORMAL, EVENT_CREATED, f"created instance {instance.provider_id}")
+
+    async def _record_hash(self, p: _Pass, wanted: str) -> None:
+        """Write the spec-hash annotation, unless it already says `wanted`."""
+        meta = p.proxy.metadata
+        if meta.annotations.get(SPEC_HASH_ANNOTATION) != wanted:
+            p.seen(await self._client.merge_patch(PROXIES, meta.name, {"metadata": {
+                "annotations": {SPEC_HASH_ANNOTATION: wanted}}}, namespace=meta.namespace))
 
     # --- deletion (step 1) -----------------------------------------------
 

@@ -4,16 +4,22 @@ making Pods in it, and a real health engine with a scripted probe (SPEC §5)."""
 from __future__ import annotations
 
 import base64
+import random
 from collections.abc import AsyncIterator
+from typing import Any
 
 import attrs
 import httpx
 import pytest
 import trio
 
+from egressd.control.reconciler import Reconciler
 from egressd.control.spechash import spec_hash
+from egressd.health.engine import HealthEngine
+from egressd.health.probe import ProbeResult, ProbeTarget
 from egressd.kube.config import KubeConfig
 from egressd.kube.errors import NotFound
+from egressd.kube.events import EventRecorder
 from egressd.kube.resources import PODS, PROXIES, SECRETS
 from egressd.metrics import REGISTRY
 from egressd.model.constants import FINALIZER, SPEC_HASH_ANNOTATION
@@ -21,9 +27,14 @@ from egressd.sandbox.apiserver import FakeApiServer
 from tests.control.world import (
     NS,
     POD_NS,
+    POD_NS_B,
+    PROBE_URL,
+    PROVIDER,
+    PROVIDER_B,
     TEST_SETTINGS,
     World,
     condition,
+    loose_crd,
     managed_spec,
     open_world,
     phase,
@@ -57,7 +68,8 @@ async def test_managed_lifecycle(world: World) -> None:
         assert provisioned is not None and provisioned["status"] == "False"
         pod_name = pod_of(proxy)
         uid = proxy["metadata"]["uid"]
-        want_hash = spec_hash(placement=None, cloud_init="#cloud-config\npackages: [squid]\n",
+        want_hash = spec_hash(provider=PROVIDER, placement=None,
+                              cloud_init="#cloud-config\npackages: [squid]\n",
                               port=3128)
         assert proxy["metadata"]["annotations"][SPEC_HASH_ANNOTATION] == want_hash
         pod = await world.wait_pod(pod_name)
@@ -147,7 +159,7 @@ async def test_cloud_init_from_secret(world: World) -> None:
             namespace=NS)
         proxy = await world.wait_proxy("s1", has_pod)
         assert proxy["metadata"]["annotations"][SPEC_HASH_ANNOTATION] == spec_hash(
-            placement=None, cloud_init=text, port=3128)
+            provider=PROVIDER, placement=None, cloud_init=text, port=3128)
         # The cloud-init body is never in an event.
         assert all("runcmd" not in e["message"] for e in world.events())
 
@@ -321,3 +333,164 @@ async def test_worker_cancelled_mid_key_requeues_it(apiserver: FakeApiServer,
             await world.until(lambda: "default/x1" not in world.queue.processing())
             assert len(world.queue) == 1
             assert world.queue.get_nowait() == "default/x1"
+
+
+async def ready_managed(world: World, name: str, ip: str) -> dict[str, Any]:
+    """Create a Managed proxy, run its Pod at `ip`; the proxy once Ready."""
+    await world.create_proxy(name, managed_spec())
+    proxy = await world.wait_proxy(name, has_pod)
+    await world.wait_pod(pod_of(proxy))
+    await world.kubelet_runs(pod_of(proxy), ip)
+    return await world.wait_proxy(name, lambda o: phase(o) == "Ready")
+
+
+async def test_unhealthy_proxy_whose_pod_is_gone_is_recreated(
+        apiserver: FakeApiServer, kube_config: KubeConfig) -> None:
+    # A 2 s probe interval (the CRD's minimum is 5) so the failing probe comes soon;
+    # the ready resync (30 s) is beyond the deadline: the health transition alone
+    # brings the pass that finds the Pod gone.
+    apiserver.install_crd(loose_crd(intervalSeconds=2))
+    async with open_world(apiserver, kube_config) as world:
+        with trio.fail_after(10):
+            await world.create_proxy("h1", managed_spec(healthCheck={
+                "probeURL": PROBE_URL, "intervalSeconds": 2, "timeoutSeconds": 1,
+                "failureThreshold": 1}))
+            proxy = await world.wait_proxy("h1", has_pod)
+            name = pod_of(proxy)
+            pod = await world.wait_pod(name)
+            await world.kubelet_runs(name, "10.0.1.1")
+            await world.wait_proxy("h1", lambda o: phase(o) == "Ready")
+
+            world.health["10.0.1.1"] = False
+            await world.client.delete(PODS, name, namespace=POD_NS)
+            await world.wait_pod(name, lambda p: p["metadata"]["uid"] != pod["metadata"]["uid"])
+            assert world.events("InstanceMissing")
+            proxy = await world.wait_proxy("h1", lambda o: has_pod(o) and "ip" not in o["status"])
+            assert phase(proxy) == "Provisioning" and condition(proxy, "Healthy") is None
+
+
+async def test_invalid_health_check(apiserver: FakeApiServer, kube_config: KubeConfig) -> None:
+    # Unreachable through today's CRD; a cluster with an older, looser one can hold it.
+    apiserver.install_crd(loose_crd(failureThreshold=0))
+    async with open_world(apiserver, kube_config) as world:
+        with trio.fail_after(10):
+            await world.create_proxy("ih", {
+                "mode": "External", "endpoint": {"host": "192.0.2.20"},
+                "healthCheck": {"probeURL": PROBE_URL, "intervalSeconds": 5,
+                                "timeoutSeconds": 1, "failureThreshold": 0}})
+            proxy = await world.wait_proxy("ih", lambda o: phase(o) == "Unhealthy")
+            healthy = condition(proxy, "Healthy")
+            assert healthy is not None
+            assert (healthy["status"], healthy["reason"]) == ("False", "InvalidHealthCheck")
+            assert "failure_threshold" in healthy["message"]
+            assert "latencyMs" not in proxy["status"]
+            assert "default/ih" not in world.engine
+
+
+async def test_new_term_seeds_the_engine_from_status(world: World) -> None:
+    with trio.fail_after(10):
+        await world.create_proxy("sd", {
+            "mode": "External", "endpoint": {"host": "192.0.2.30"},
+            "healthCheck": {"probeURL": PROBE_URL, "intervalSeconds": 5, "timeoutSeconds": 1}})
+        proxy = await world.wait_proxy("sd", lambda o: phase(o) == "Ready")
+        await world.until(lambda: not world.queue.processing() and not len(world.queue))
+        world.reconciler_scope.cancel()  # the term ends
+        writes = len(world.status_patches("sd"))
+
+        probes: list[str] = []
+
+        async def probe(target: ProbeTarget) -> ProbeResult:
+            probes.append(target.key)
+            return ProbeResult(True, 0.012, "status 204")
+
+        # Random(0) puts the seeded first probe 4.2 s into the 5 s interval.
+        engine = HealthEngine(probe, on_change=world.queue.add, concurrency=4, tick=0.02,
+                              rng=random.Random(0))
+        reconciler = Reconciler(client=world.client, proxies=world.proxies,
+                                secrets=world.secrets, providers=world.reconciler._providers,
+                                engine=engine, queue=world.queue,
+                                events=EventRecorder(world.client), settings=world.settings)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(engine.run)
+            await nursery.start(reconciler.run)  # enqueues every cached key
+            await world.until(lambda: "default/sd" in engine and not world.queue.processing()
+                              and not len(world.queue))
+            verdict = engine.snapshot("default/sd")
+            assert verdict is not None and verdict.healthy and verdict.latency_ms == 12
+            assert verdict.checked_at.isoformat().replace("+00:00", "Z") == (
+                proxy["status"]["lastHealthCheckTime"])
+            assert probes == []  # seeded, not probed at once
+            assert len(world.status_patches("sd")) == writes  # nothing changed, nothing written
+            assert phase(world.proxies.get("default/sd") or {}) == "Ready"
+            nursery.cancel_scope.cancel()
+
+
+async def test_removed_finalizer_and_annotation_come_back(apiserver: FakeApiServer,
+                                                          kube_config: KubeConfig) -> None:
+    settings = attrs.evolve(TEST_SETTINGS, ready_resync=0.2)
+    async with open_world(apiserver, kube_config, settings=settings) as world:
+        with trio.fail_after(10):
+            proxy = await ready_managed(world, "ed", "10.0.1.2")
+            pod = await world.wait_pod(pod_of(proxy))
+            want = proxy["metadata"]["annotations"][SPEC_HASH_ANNOTATION]
+            # A user's edit of metadata alone enqueues nothing: the resync sees it.
+            await world.client.merge_patch(PROXIES, "ed", {"metadata": {
+                "finalizers": None, "annotations": {SPEC_HASH_ANNOTATION: None}}},
+                namespace=NS)
+            proxy = await world.wait_proxy("ed", lambda o: FINALIZER in (
+                o["metadata"].get("finalizers") or ()) and (
+                o["metadata"].get("annotations") or {}).get(SPEC_HASH_ANNOTATION) == want)
+            # The instance the spec names was kept, not replaced.
+            assert pod_of(proxy) == pod["metadata"]["name"]
+            assert world.pods.get(f"{POD_NS}/{pod_of(proxy)}")["metadata"]["uid"] == (
+                pod["metadata"]["uid"])
+            assert not world.events("Replaced")
+            assert phase(proxy) == "Ready"
+
+
+async def test_provider_change_moves_the_instance(world: World) -> None:
+    with trio.fail_after(10):
+        proxy = await ready_managed(world, "mv", "10.0.1.3")
+        old_pod = pod_of(proxy)
+        await world.client.merge_patch(PROXIES, "mv", {"spec": {"provider": PROVIDER_B}},
+                                       namespace=NS)
+        proxy = await world.wait_proxy("mv", lambda o: (o["status"].get("providerID") or "")
+                                       .startswith(f"{POD_NS_B}/"))
+        await world.wait_gone(world.pods, f"{POD_NS}/{old_pod}")
+        new_pod = pod_of(proxy)
+        assert new_pod != old_pod
+        assert world.events("Replaced")
+        await world.wait_pod(new_pod, namespace=POD_NS_B)
+        await world.kubelet_runs(new_pod, "10.0.1.4", namespace=POD_NS_B)
+        proxy = await world.wait_proxy("mv", lambda o: phase(o) == "Ready")
+        assert proxy["status"]["host"] == "10.0.1.4"
+
+
+async def test_create_waits_for_a_dying_instance_of_the_same_name(world: World) -> None:
+    with trio.fail_after(10):
+        await world.create_proxy("dy", managed_spec())
+        proxy = await world.wait_proxy("dy", has_pod)
+        name = pod_of(proxy)
+        pod = await world.wait_pod(name)
+        # A finalizer keeps the Pod in its deletion, like a real kubelet's grace period.
+        await world.client.merge_patch(PODS, name, {"metadata": {"finalizers": ["test/hold"]}},
+                                       namespace=POD_NS)
+        await world.client.patch_status(PODS, name, {"status": {"phase": "Failed"}},
+                                        namespace=POD_NS)
+        proxy = await world.wait_proxy("dy", lambda o: "of that name is terminated" in (
+            condition(o, "Provisioned") or {}).get("message", ""))
+        assert "providerID" not in proxy["status"]
+        assert phase(proxy) == "Provisioning"
+        # Polled (and asked again to go) without recording the dying Pod or
+        # replacing it over and over.
+        pod_path = PODS.path(namespace=POD_NS, name=name)
+        await world.until(lambda: sum(1 for m, path, _ in world.requests
+                                      if m == "DELETE" and path == pod_path) >= 4)
+        [stopped] = world.events("InstanceStopped")
+        assert stopped["count"] == 1
+        assert "providerID" not in (world.proxies.get("default/dy") or {})["status"]
+
+        await world.client.merge_patch(PODS, name, {"metadata": {"finalizers": None}},
+                                       namespace=POD_NS)
+        await world.wait_pod(name, lambda p: p["metadata"]["uid"] != pod["metadata"]["uid"])
+        await world.wait_proxy("dy", has_pod)

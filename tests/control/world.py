@@ -34,12 +34,16 @@ from egressd.providers.kubernetes import KubernetesProvider
 from egressd.providers.metrics import MeteredProvider
 from egressd.providers.registry import ProviderRegistry
 from egressd.sandbox.apiserver import FakeApiServer
+from egressd.sandbox.apiserver.crd import proxy_crd
 from egressd.settings import Settings
 from tests.fixtures.kube import hooked_client
 
 NS = "default"
 POD_NS = "egressd-proxies"
 PROVIDER = "k8s"
+# A second provider of the same type, in its own namespace (a provider change).
+POD_NS_B = "egressd-proxies-b"
+PROVIDER_B = "k8s-b"
 PROBE_URL = "https://probe.test/generate_204"
 Obj = dict[str, Any]
 
@@ -98,9 +102,10 @@ class World:
         while informer.get(key) is not None:
             await self.pulse.wait()
 
-    async def wait_pod(self, name: str, pred: Callable[[Obj], bool] = lambda _p: True) -> Obj:
+    async def wait_pod(self, name: str, pred: Callable[[Obj], bool] = lambda _p: True, *,
+                       namespace: str = POD_NS) -> Obj:
         while True:
-            obj = self.pods.get(f"{POD_NS}/{name}")
+            obj = self.pods.get(f"{namespace}/{name}")
             if obj is not None and pred(obj):
                 return obj
             await self.pulse.wait()
@@ -121,9 +126,9 @@ class World:
             "data": {k: base64.b64encode(v.encode()).decode() for k, v in data.items()}},
             namespace=NS)
 
-    async def kubelet_runs(self, pod: str, ip: str) -> None:
+    async def kubelet_runs(self, pod: str, ip: str, *, namespace: str = POD_NS) -> None:
         await self.client.patch_status(PODS, pod, {"status": {"phase": "Running", "podIP": ip}},
-                                       namespace=POD_NS)
+                                       namespace=namespace)
 
     def status_patches(self, name: str) -> list[Any]:
         path = PROXIES.path(namespace=NS, name=name, subresource="status")
@@ -150,6 +155,18 @@ def phase(proxy: Obj) -> str | None:
     return (proxy.get("status") or {}).get("phase")
 
 
+def loose_crd(**minimums: int) -> Obj:
+    """The Proxy CRD with other `minimum`s for `spec.healthCheck` fields, e.g. one a
+    cluster still running an older CRD would accept."""
+    crd = proxy_crd()
+    for version in crd["spec"]["versions"]:
+        fields = (version["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
+                  ["healthCheck"]["properties"])
+        for name, minimum in minimums.items():
+            fields[name]["minimum"] = minimum
+    return crd
+
+
 TEST_SETTINGS = Settings(workers=2, provisioning_poll=0.05, immediate_retry=0.02,
                          ready_resync=30.0, quota_retry=30.0, cluster_name="test")
 
@@ -170,10 +187,11 @@ async def open_world(server: FakeApiServer, config: KubeConfig, *,
 
     async with hooked_client(config, on_request=[record]) as client, \
             trio.open_nursery() as nursery:
-        await client.create(NAMESPACES, {"metadata": {"name": POD_NS}})
+        for namespace in (POD_NS, POD_NS_B):
+            await client.create(NAMESPACES, {"metadata": {"name": namespace}})
         proxies = Informer(PROXIES)
         secrets = Informer(SECRETS, label_selector=f"{CLOUD_INIT_LABEL}=true")
-        pods = Informer(PODS, namespace=POD_NS)
+        pods = Informer(PODS)
         queue: WorkQueue[str] = WorkQueue(base_delay=0.05, max_delay=1.0)
         health: dict[str, bool] = {}
 
@@ -182,10 +200,11 @@ async def open_world(server: FakeApiServer, config: KubeConfig, *,
             return ProbeResult(ok, 0.012, "status 204" if ok else "connect refused")
 
         engine = HealthEngine(probe, on_change=queue.add, concurrency=4, tick=0.02)
-        provider = KubernetesProvider(
-            KubernetesConfig(namespace=POD_NS, image="ubuntu/squid:6.6-24.04_edge"),
-            client=client)
-        registry = ProviderRegistry({PROVIDER: MeteredProvider(provider, name=PROVIDER)})
+        registry = ProviderRegistry({
+            name: MeteredProvider(KubernetesProvider(
+                KubernetesConfig(namespace=namespace, image="ubuntu/squid:6.6-24.04_edge"),
+                client=client), name=name)
+            for name, namespace in ((PROVIDER, POD_NS), (PROVIDER_B, POD_NS_B))})
         reconciler = Reconciler(client=client, proxies=proxies, secrets=secrets,
                                 providers=registry, engine=engine, queue=queue,
                                 events=EventRecorder(client), settings=settings)
