@@ -31,7 +31,6 @@ REASON_INSTANCE_STOPPED = "InstanceStopped"
 REASON_CLOUD_INIT_UNRESOLVED = "CloudInitUnresolved"
 REASON_PERMANENT_FAILURE = "PermanentFailure"
 REASON_QUOTA_EXCEEDED = "QuotaExceeded"
-REASON_DELETING = "Deleting"
 # Reasons of the Healthy condition.
 REASON_PROBE_SUCCEEDED = "ProbeSucceeded"
 REASON_PROBE_FAILED = "ProbeFailed"

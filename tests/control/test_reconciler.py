@@ -385,6 +385,11 @@ async def test_invalid_health_check(apiserver: FakeApiServer, kube_config: KubeC
             assert "failure_threshold" in healthy["message"]
             assert "latencyMs" not in proxy["status"]
             assert "default/ih" not in world.engine
+            # Fixed: probed at once (no seed from the invalid verdict), then Ready.
+            await world.client.merge_patch(PROXIES, "ih", {"spec": {"healthCheck": {
+                "failureThreshold": 1}}}, namespace=NS)
+            proxy = await world.wait_proxy("ih", lambda o: phase(o) == "Ready")
+            assert condition(proxy, "Healthy")["reason"] == "ProbeSucceeded"
 
 
 async def test_new_term_seeds_the_engine_from_status(world: World) -> None:
