@@ -11,10 +11,21 @@ import os
 import sys
 from collections.abc import Sequence
 
+import attrs
+
 from egressd import __version__
 from egressd.errors import ConfigError
 from egressd.providers.config import ProvidersConfigError
-from egressd.settings import add_flags, settings_from
+from egressd.settings import Settings, add_flags, settings_from
+
+
+def _listen_addr(text: str) -> str:
+    """A `HOST:PORT` / `:PORT` flag of `sandbox`, checked as `egressd run` checks its own."""
+    parse = attrs.fields(Settings).discovery_addr.metadata["parse"]
+    try:
+        return str(parse(text))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 class _Parser(argparse.ArgumentParser):
@@ -36,9 +47,10 @@ def _parser() -> argparse.ArgumentParser:
                          help="Write a JSON file with the endpoints once ready.")
     sandbox.add_argument("--proxies", type=int, default=3, metavar="N",
                          help="Managed sample proxies to create (default 3).")
-    sandbox.add_argument("--discovery-addr", default=":8090", metavar="ADDR",
-                         help="Address of the sandbox daemon's discovery API (default :8090).")
-    sandbox.add_argument("--metrics-addr", default=":8080", metavar="ADDR",
+    sandbox.add_argument("--discovery-addr", default=":8090", metavar="ADDR", type=_listen_addr,
+                         help="Address of the sandbox daemon's discovery API (default :8090; "
+                              "port 0 picks a free one).")
+    sandbox.add_argument("--metrics-addr", default=":8080", metavar="ADDR", type=_listen_addr,
                          help="Address of the sandbox daemon's /metrics (default :8080).")
     sandbox.add_argument("--log-level", default="info",
                          choices=["debug", "info", "warning", "error"])

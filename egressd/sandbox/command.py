@@ -16,11 +16,13 @@ removed before the process exits.
 
 from __future__ import annotations
 
+import errno
 import functools
 import json
 import os
 import secrets
 import signal
+import socket
 import sys
 import tempfile
 import urllib.parse
@@ -144,6 +146,31 @@ def sample_proxies(count: int, *, probe_url: str, external: tuple[str, int]
         "mode": "External", "endpoint": {"host": host, "port": port},
         "attributes": {"sandbox": "true", "kind": "external"}}))
     return samples
+
+
+def check_listen_address(flag: str, addr: str) -> None:
+    """Raise ConfigError, naming the flag, when nothing could listen on `addr` now.
+
+    The daemon's servers bind once the whole sandbox is up; checking first
+    turns a taken port (another sandbox on :8090) into one clear line at
+    start, before any proxy process runs.
+    """
+    host, _, port = addr.rpartition(":")
+    host = host.strip("[]") or "0.0.0.0"  # noqa: S104 - ":8090" is every interface, as the daemon binds it
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+        # As Hypercorn binds: SO_REUSEADDR, so a port in TIME_WAIT counts as free.
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, int(port)))
+        except socket.gaierror:
+            raise ConfigError(f"{flag} {addr}: unknown host {host!r}") from None
+        except OSError as exc:
+            hint = ""
+            if exc.errno == errno.EADDRINUSE:
+                hint = (f" (another egressd sandbox? pick another address, e.g. {flag} "
+                        "127.0.0.1:0 for any free port)")
+            raise ConfigError(f"{flag} {addr}: cannot listen there: {exc.strerror}{hint}"
+                              ) from None
 
 
 def local_url(url: str) -> str:
@@ -316,9 +343,14 @@ def sandbox_main(*, api_only: bool, ready_file: str | None, proxies: int, log_le
             return 2
         try:
             software = find_proxy_software()
+            check_listen_address("--discovery-addr", discovery_addr)
+            check_listen_address("--metrics-addr", metrics_addr)
         except ProxySoftwareMissing as exc:
             print(f"egressd sandbox: {exc}", file=sys.stderr)
             return 1
+        except ConfigError as exc:
+            print(f"egressd sandbox: {exc}", file=sys.stderr)
+            return 2
         service_factory = functools.partial(
             serve_sandbox, proxies=proxies, discovery_addr=discovery_addr,
             metrics_addr=metrics_addr, ready_file=ready_file, software=software,
@@ -331,6 +363,12 @@ def sandbox_main(*, api_only: bool, ready_file: str | None, proxies: int, log_le
             for error in group.exceptions:
                 print(f"egressd sandbox: {error}", file=sys.stderr)
             code = 2
+        except* EgressdError as failures:
+            # A situation we name (a proxy that cannot start, no address free
+            # for one): its message says it all, a traceback would bury it.
+            for failure in failures.exceptions:
+                print(f"egressd sandbox: {failure}", file=sys.stderr)
+            code = 1
         finally:
             if ready_file and os.path.exists(ready_file):
                 os.unlink(ready_file)

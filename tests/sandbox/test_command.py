@@ -4,9 +4,11 @@ scenario with kubectl and curl is in tests/e2e)."""
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import re
 import signal
+import socket
 import ssl
 import subprocess
 import sys
@@ -17,6 +19,7 @@ import pytest
 import trio
 import yaml
 
+from egressd.cli import main
 from egressd.sandbox.apiserver import FakeApiServer
 from egressd.sandbox.command import (
     SandboxInfo,
@@ -24,7 +27,10 @@ from egressd.sandbox.command import (
     local_url,
     sample_proxies,
     sandbox_main,
+    serve_sandbox,
 )
+from egressd.sandbox.localproxy import find_proxy_software
+from tests.sandbox.test_localproxy import installed
 
 
 def test_samples_are_valid_proxies_and_the_guide_has_real_urls() -> None:
@@ -50,6 +56,62 @@ def test_samples_are_valid_proxies_and_the_guide_has_real_urls() -> None:
 def test_negative_proxies_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
     assert sandbox_main(api_only=False, ready_file=None, proxies=-1, log_level="info") == 2
     assert "--proxies" in capsys.readouterr().err
+
+
+def test_a_malformed_address_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(["sandbox", "--discovery-addr", "localhost"])
+    assert exit_.value.code == 2
+    assert "--discovery-addr: invalid address 'localhost'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flag", ["--discovery-addr", "--metrics-addr"])
+def test_a_taken_port_is_one_clear_line_before_anything_starts(
+        flag: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """Another sandbox already on :8090 / :8080: say which flag, and how to pick another."""
+    installed("tinyproxy")  # the check comes after the search for proxy software
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        addr = f"127.0.0.1:{taken.getsockname()[1]}"
+        addrs = {"discovery_addr": "127.0.0.1:0", "metrics_addr": "127.0.0.1:0",
+                 flag.lstrip("-").replace("-", "_"): addr}
+        assert sandbox_main(api_only=False, ready_file=None, proxies=1, log_level="info",
+                            **addrs) == 2
+    err = capsys.readouterr().err
+    assert err.splitlines() == [f"egressd sandbox: {flag} {addr}: cannot listen there: Address "
+                                f"already in use (another egressd sandbox? pick another "
+                                f"address, e.g. {flag} 127.0.0.1:0 for any free port)"]
+
+
+async def test_without_squid_the_sandbox_runs_tinyproxy(tmp_path: Path) -> None:
+    """Squid stays installed: the search path holds tinyproxy only, as on a machine
+    without Squid, and the whole sandbox comes up Ready on tinyproxy."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "tinyproxy").symlink_to(installed("tinyproxy").binary)
+    software = find_proxy_software(str(bin_dir))
+    assert software.kind == "tinyproxy"
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            info: SandboxInfo = await nursery.start(functools.partial(
+                serve_sandbox, proxies=1, discovery_addr="127.0.0.1:0",
+                metrics_addr="127.0.0.1:0", ready_file=str(tmp_path / "ready.json"),
+                workdir=str(tmp_path), software=software))
+            async with httpx.AsyncClient(headers={"Authorization": f"Bearer {info.token}"}
+                                         ) as client:
+                for kind in ("managed", "external"):
+                    lease = await client.post(f"{info.discovery_url}/v1/leases",
+                                              json={"selector": {"kind": kind}})
+                    assert lease.status_code == 201, lease.text
+                    proxy_url = lease.json()["proxyUrl"]
+                    async with httpx.AsyncClient(proxy=proxy_url, verify=ssl.create_default_context(
+                            cafile=info.probe_ca_file)) as through:
+                        assert (await through.get(info.probe_url)).status_code == 204
+                        # Its error page names the program that answered.
+                        refused = await through.get("http://127.0.0.1:1/")
+                    assert refused.headers["server"].startswith("tinyproxy/"), refused.headers
+            nursery.cancel_scope.cancel()
 
 
 async def test_sigterm_while_starting_stops_everything(tmp_path: Path) -> None:
