@@ -407,9 +407,11 @@ class Reconciler:
         try:
             proxy = parse_proxy(raw)
         except ModelError as exc:
-            # The CRD should have refused it; the next event brings a new version.
+            # The CRD should have refused it (an older, looser CRD may not). A
+            # fixed spec enqueues a pass; a fixed status or metadata does not
+            # (`needs_pass`), so the resync looks again.
             log.error("proxy does not fit the model", extra={"proxy": key, "error": str(exc)})
-            return _Next(RESULT_INVALID)
+            return _Next(RESULT_INVALID, after=self._settings.ready_resync)
         p = _Pass(key=key, raw=raw, proxy=proxy, draft=proxy.status, observed=proxy.status,
                   now=self._wall_clock(), superseded=set(superseded))
         written = False

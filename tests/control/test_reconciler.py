@@ -499,3 +499,29 @@ async def test_create_waits_for_a_dying_instance_of_the_same_name(world: World) 
                                        namespace=POD_NS)
         await world.wait_pod(name, lambda p: p["metadata"]["uid"] != pod["metadata"]["uid"])
         await world.wait_proxy("dy", has_pod)
+
+
+async def test_unparsable_status_is_looked_at_again(apiserver: FakeApiServer,
+                                                    kube_config: KubeConfig) -> None:
+    # A status the model refuses (an older CRD let it in): logged, and the resync
+    # finds it once fixed, though a status edit alone enqueues nothing.
+    apiserver.install_crd(loose_crd(any_condition_status=True))
+    settings = attrs.evolve(TEST_SETTINGS, ready_resync=0.2)
+    async with open_world(apiserver, kube_config, settings=settings) as world:
+        with trio.fail_after(10):
+            spec = {"mode": "External", "endpoint": {"host": "192.0.2.40"},
+                    "healthCheck": {"probeURL": PROBE_URL, "intervalSeconds": 5,
+                                    "timeoutSeconds": 1}}
+            await world.create_proxy("bs", spec)
+            await world.wait_proxy("bs", lambda o: phase(o) == "Ready")
+            invalid = REGISTRY.get_sample_value("egressd_reconciles_total",
+                                                {"result": "invalid"}) or 0.0
+            await world.client.patch_status(PROXIES, "bs", {"status": {"phase": None,
+                "conditions": [{"type": "Healthy", "status": "Maybe",
+                                "lastTransitionTime": "2026-01-01T00:00:00Z"}]}},
+                namespace=NS)
+            await world.until(lambda: (REGISTRY.get_sample_value(
+                "egressd_reconciles_total", {"result": "invalid"}) or 0.0) > invalid)
+            await world.client.patch_status(PROXIES, "bs", {"status": {"conditions": []}},
+                                            namespace=NS)
+            await world.wait_proxy("bs", lambda o: phase(o) == "Ready")

@@ -155,15 +155,19 @@ def phase(proxy: Obj) -> str | None:
     return (proxy.get("status") or {}).get("phase")
 
 
-def loose_crd(**minimums: int) -> Obj:
-    """The Proxy CRD with other `minimum`s for `spec.healthCheck` fields, e.g. one a
-    cluster still running an older CRD would accept."""
+def loose_crd(*, any_condition_status: bool = False, **minimums: int) -> Obj:
+    """The Proxy CRD with other `minimum`s for `spec.healthCheck` fields (and, with
+    `any_condition_status`, no enum on a condition's status): what a cluster still
+    running an older, looser CRD would accept."""
     crd = proxy_crd()
     for version in crd["spec"]["versions"]:
-        fields = (version["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
-                  ["healthCheck"]["properties"])
+        schema = version["schema"]["openAPIV3Schema"]["properties"]
+        fields = schema["spec"]["properties"]["healthCheck"]["properties"]
         for name, minimum in minimums.items():
             fields[name]["minimum"] = minimum
+        if any_condition_status:
+            condition = schema["status"]["properties"]["conditions"]["items"]["properties"]
+            del condition["status"]["enum"]
     return crd
 
 
