@@ -17,7 +17,7 @@ import shutil
 import signal
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import pytest
@@ -93,6 +93,44 @@ async def exited(pid: int) -> None:
         os.close(fd)
 
 
+async def stop_sandbox(process: trio.Process, log: Path) -> None:
+    """After a failure midway: stop the sandbox as a user would, so it stops its
+    proxies and removes its files itself; SIGKILL whatever is still there after."""
+    if process.returncode is None:
+        process.send_signal(signal.SIGTERM)
+        with trio.move_on_after(10):
+            await process.wait()
+    if process.returncode is None:
+        process.kill()
+        await process.wait()
+    for pid in started_proxies(log).values():
+        if alive(pid):
+            os.kill(pid, signal.SIGKILL)
+
+
+class Lines:
+    """The output of a long-running command (`kubectl get px -w`), line by line."""
+
+    def __init__(self, stream: trio.abc.ReceiveStream) -> None:
+        self._stream = stream
+        self._buffer = b""
+        self.seen: list[str] = []
+
+    async def until(self, predicate: Callable[[list[str]], bool]) -> str:
+        """Read lines until one makes `predicate(cells)` true; that line."""
+        while True:
+            line, newline, rest = self._buffer.partition(b"\n")
+            if newline:
+                self._buffer = rest
+                self.seen.append(line.decode())
+                if predicate(line.decode().split()):
+                    return line.decode()
+                continue
+            chunk = await self._stream.receive_some()
+            assert chunk, self.seen  # the command ended
+            self._buffer += chunk
+
+
 async def test_sandbox_as_a_user(tmp_path: Path) -> None:
     _need_proxy_software()
     ready_file = tmp_path / "ready.json"
@@ -100,21 +138,25 @@ async def test_sandbox_as_a_user(tmp_path: Path) -> None:
     home = tmp_path / "home"
     home.mkdir()
     with log.open("wb") as stderr:
+        # Its own session, as a shell's foreground job is its own group: Ctrl-C
+        # at the end goes to the whole group.
         process = await trio.lowlevel.open_process(
             [sys.executable, "-m", "egressd", "sandbox", "--proxies", str(MANAGED),
              "--discovery-addr", "127.0.0.1:0", "--metrics-addr", "127.0.0.1:0",
              "--ready-file", str(ready_file)],
-            stdout=subprocess.PIPE, stderr=stderr)
+            stdout=subprocess.PIPE, stderr=stderr, start_new_session=True)
     try:
         with trio.fail_after(60):
             await _scenario(process, ready_file, log, home)
     finally:
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
-            for pid in started_proxies(log).values():
-                if alive(pid):
-                    os.kill(pid, signal.SIGKILL)
+        await stop_sandbox(process, log)
+
+
+def guide_commands(output: str) -> list[str]:
+    """The commands of the printed guide, in order, as a user would copy them."""
+    _, _, tried = output.partition("Try:\n")
+    return [line.strip() for line in tried.splitlines()
+            if line.startswith("  ") and not line.strip().startswith("(")]
 
 
 async def _scenario(process: trio.Process, ready_file: Path, log: Path, home: Path) -> None:
@@ -146,60 +188,72 @@ async def _scenario(process: trio.Process, ready_file: Path, log: Path, home: Pa
     assert table["sample-1"][2] == "Managed" and table["external-1"][2] == "External"
     assert len({cells[4] for cells in table.values()}) == 3  # one loopback address each
 
-    # --- the discovery API with curl: list, lease
-    status, body = await curl(env, f"{api}/v1/proxies?selector=sandbox=true&healthy=true",
-                              token=token)
-    assert status == 200, body
-    assert sorted(item["name"] for item in json.loads(body)["items"]) == sorted(table)
+    # --- every command of the printed guide, as printed (bash, a fresh HOME)
+    export, get, listing, lease_cmd, through, report, release = guide_commands(output.decode())
+    assert export.startswith("export KUBECONFIG=") and get.startswith("kubectl get px -A")
+
+    async def shell(command: str) -> str:
+        return await run({"PATH": env["PATH"], "HOME": env["HOME"]}, "bash", "-euc",
+                         f"{export}\n{command}")
+
+    assert (await shell(get)).splitlines()[0].split()[:2] == ["NAMESPACE", "NAME"]
+    items = json.loads(await shell(listing))["items"]
+    assert sorted(item["name"] for item in items) == sorted(table)
+    lease = json.loads(await shell(lease_cmd))
+    assert lease["proxyUrl"] == "http://{}:3128".format(table[lease["proxy"]["name"]][4])
+    # A real request through the leased proxy to the local TLS target (204, no body).
+    assert await shell(through.replace("PROXY_URL", lease["proxyUrl"])) == ""
+    assert await shell(report.replace("LEASE_ID", lease["leaseId"])) == ""  # 204
+    assert await shell(release.replace("LEASE_ID", lease["leaseId"])) == ""  # 204
+    # The report's cooldown is in the Proxy's status, for kubectl to see.
+    await run(env, "kubectl", "wait", "px/{}".format(lease["proxy"]["name"]), "--timeout=20s",
+              "--for=jsonpath={.status.cooldowns.example\\.org.reason}=rate_limited")
+
+    # --- the discovery API with curl: the token is not optional; a refusal says why
     status, body = await curl(env, f"{api}/v1/proxies")
-    assert status == 401, body  # the token is not optional
+    assert status == 401, body
     status, body = await curl(env, "-X", "POST", f"{api}/v1/leases", "-H",
                               "Content-Type: application/json", "-d",
                               json.dumps({"target": "example.org", "ttlSeconds": 120,
-                                          "selector": {"kind": "managed"}}), token=token)
-    assert status == 201, body
-    lease = json.loads(body)
-    proxy_name = lease["proxy"]["name"]
-    assert lease["proxyUrl"] == f"http://{table[proxy_name][4]}:3128"
+                                          "selector": {"kind": "external"}}), token=token)
+    if lease["proxy"]["name"] == "external-1":  # cooling down for example.org
+        assert status == 409 and json.loads(body)["error"] == "no_proxy_available", body
+    else:
+        assert status == 201, body
 
-    # --- a real request through the leased proxy to the local TLS target
-    status, _ = await curl(env, "--proxy", lease["proxyUrl"], "--cacert", info["probeCaFile"],
-                           info["probeUrl"])
-    assert status == 204
+    # --- the metrics endpoint
+    status, metrics = await curl(env, f"{info['metricsUrl']}/metrics")
+    assert status == 200
+    assert 'egressd_proxies{phase="Ready"} 3.0' in metrics.splitlines()
+    assert re.search(r"^egressd_leases_granted_total [1-9]", metrics, re.MULTILINE), metrics
 
-    # --- report a rate limit: the cooldown is in the Proxy's status
-    status, body = await curl(env, "-X", "POST", f"{api}/v1/leases/{lease['leaseId']}/report",
-                              "-H", "Content-Type: application/json", "-d",
-                              json.dumps({"result": "rate_limited", "retryAfterSeconds": 120}),
-                              token=token)
-    assert status == 204, body
-    await run(env, "kubectl", "wait", f"px/{proxy_name}", "--timeout=20s",
-              "--for=jsonpath={.status.cooldowns.example\\.org.reason}=rate_limited")
-    obj = json.loads(await run(env, "kubectl", "get", "px", proxy_name, "-o", "json"))
-    assert obj["status"]["cooldowns"]["example.org"]["reason"] == "rate_limited"
+    # --- kubectl get px -w, while a user applies a Proxy and deletes another
+    watch = await trio.lowlevel.open_process(["kubectl", "get", "px", "-w"], env=env,
+                                             stdout=subprocess.PIPE)
+    try:
+        assert watch.stdout is not None
+        lines = Lines(watch.stdout)
+        await lines.until(lambda cells: cells[:1] == ["external-1"])  # the initial table
 
-    # --- release: 204
-    status, body = await curl(env, "-X", "DELETE", f"{api}/v1/leases/{lease['leaseId']}",
-                              token=token)
-    assert status == 204, body
+        manifest = PROXY_YAML.format(probe_url=info["probeUrl"])
+        await run(env, "kubectl", "apply", "-f", "-", stdin=manifest.encode())
+        await lines.until(lambda cells: cells[:3] == ["mine", "Managed", "Ready"])
+        described = await run(env, "kubectl", "describe", "px", "mine")
+        assert "Managed" in described and "Ready" in described, described
 
-    # --- kubectl apply a Managed proxy of one's own: it becomes Ready too
-    manifest = PROXY_YAML.format(probe_url=info["probeUrl"])
-    await run(env, "kubectl", "apply", "-f", "-", stdin=manifest.encode())
-    await run(env, "kubectl", "wait", "px/mine", "--for=jsonpath={.status.phase}=Ready",
-              "--timeout=30s")
-    described = await run(env, "kubectl", "describe", "px", "mine")
-    assert "Managed" in described and "Ready" in described, described
-
-    # --- kubectl delete a Managed proxy: its Pod and its proxy process go
-    victim = "sample-1"
-    address = f"{table[victim][4]}:3128"
-    pid = started_proxies(log)[address]
-    assert alive(pid)
-    pods_before = (await run(env, "kubectl", "get", "pods", "-n", "egressd-proxies",
-                             "-o", "name")).split()
-    assert len(pods_before) == MANAGED + 1  # the samples and "mine"
-    await run(env, "kubectl", "delete", "px", victim, "--timeout=20s")
+        # kubectl delete a Managed proxy: its Pod and its proxy process go
+        victim = "sample-1"
+        address = f"{table[victim][4]}:3128"
+        pid = started_proxies(log)[address]
+        assert alive(pid)
+        pods_before = (await run(env, "kubectl", "get", "pods", "-n", "egressd-proxies",
+                                 "-o", "name")).split()
+        assert len(pods_before) == MANAGED + 1  # the samples and "mine"
+        await run(env, "kubectl", "delete", "px", victim, "--timeout=20s")
+        await lines.until(lambda cells: cells[:3] == [victim, "Managed", "Deleting"])
+    finally:
+        watch.kill()
+        await watch.wait()
     pods_after = (await run(env, "kubectl", "get", "pods", "-n", "egressd-proxies",
                             "-o", "name")).split()
     assert len(pods_after) == MANAGED and set(pods_after) < set(pods_before)
@@ -209,11 +263,11 @@ async def _scenario(process: trio.Process, ready_file: Path, log: Path, home: Pa
                                   capture_stderr=True, env=env, check=False)
     assert gone.returncode == 1 and "not found" in gone.stderr.decode()
 
-    # --- SIGTERM: exit 0, no proxy process, ready file and kubeconfig gone
+    # --- Ctrl-C (SIGINT to the foreground group): exit 0, no proxy process, no files
     pids = started_proxies(log)
     assert len(pids) == MANAGED + 2  # the Managed samples, "mine" and the External one
-    process.send_signal(signal.SIGTERM)
+    os.killpg(process.pid, signal.SIGINT)
     assert await process.wait() == 0, (await trio.Path(log).read_text())[-3000:]
     assert [p for p in pids.values() if alive(p)] == []
     assert not await trio.Path(ready_file).exists()
-    assert not await trio.Path(info["kubeconfig"]).exists()
+    assert not await trio.Path(info["kubeconfig"]).parent.exists()
