@@ -331,6 +331,12 @@ async def _until_signalled(service: functools.partial[Any]) -> None:
             await nursery.start(service)
 
 
+def _leaves(group: BaseExceptionGroup[Any]) -> list[BaseException]:
+    """The errors of a group, nested groups (one per nursery they crossed) flattened."""
+    return [leaf for error in group.exceptions
+            for leaf in (_leaves(error) if isinstance(error, BaseExceptionGroup) else [error])]
+
+
 def sandbox_main(*, api_only: bool, ready_file: str | None, proxies: int, log_level: str,
                  discovery_addr: str = ":8090", metrics_addr: str = ":8080") -> int:
     """Entry point of `egressd sandbox`; returns the exit code."""
@@ -360,13 +366,13 @@ def sandbox_main(*, api_only: bool, ready_file: str | None, proxies: int, log_le
         try:
             trio.run(_until_signalled, functools.partial(service_factory, workdir=workdir))
         except* ConfigError as group:
-            for error in group.exceptions:
+            for error in _leaves(group):
                 print(f"egressd sandbox: {error}", file=sys.stderr)
             code = 2
         except* EgressdError as failures:
             # A situation we name (a proxy that cannot start, no address free
             # for one): its message says it all, a traceback would bury it.
-            for failure in failures.exceptions:
+            for failure in _leaves(failures):
                 print(f"egressd sandbox: {failure}", file=sys.stderr)
             code = 1
         finally:

@@ -20,9 +20,11 @@ import trio
 import yaml
 
 from egressd.cli import main
+from egressd.errors import EgressdError
 from egressd.sandbox.apiserver import FakeApiServer
 from egressd.sandbox.command import (
     SandboxInfo,
+    _leaves,
     guide,
     local_url,
     sample_proxies,
@@ -63,6 +65,13 @@ def test_a_malformed_address_is_a_usage_error(capsys: pytest.CaptureFixture[str]
         main(["sandbox", "--discovery-addr", "localhost"])
     assert exit_.value.code == 2
     assert "--discovery-addr: invalid address 'localhost'" in capsys.readouterr().err
+
+
+def test_an_error_nested_in_nursery_groups_is_printed_as_itself() -> None:
+    """What crosses nurseries arrives as groups in groups: the user reads the error."""
+    first, second = EgressdError("port 3128 is in use"), EgressdError("other")
+    nested = ExceptionGroup("outer", [ExceptionGroup("inner", [first]), second])
+    assert _leaves(nested) == [first, second]
 
 
 @pytest.mark.parametrize("flag", ["--discovery-addr", "--metrics-addr"])
