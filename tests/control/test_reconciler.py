@@ -412,7 +412,7 @@ async def test_new_term_seeds_the_engine_from_status(world: World) -> None:
         engine = HealthEngine(probe, on_change=world.queue.add, concurrency=4, tick=0.02,
                               rng=random.Random(0))
         reconciler = Reconciler(client=world.client, proxies=world.proxies,
-                                secrets=world.secrets, providers=world.reconciler._providers,
+                                secrets=world.secrets, providers=world.providers,
                                 engine=engine, queue=world.queue,
                                 events=EventRecorder(world.client), settings=world.settings)
         async with trio.open_nursery() as nursery:

@@ -84,6 +84,7 @@ class World:
     pods: Informer
     queue: WorkQueue[str]
     engine: HealthEngine
+    providers: ProviderRegistry
     reconciler: Reconciler
     pulse: Pulse
     reconciler_scope: trio.CancelScope
@@ -216,7 +217,8 @@ async def open_world(server: FakeApiServer, config: KubeConfig, *,
         world = World(server=server, reconciler_scope=reconciler_scope, client=client,
                       settings=settings, proxies=proxies,
                       secrets=secrets, pods=pods, queue=queue, engine=engine,
-                      reconciler=reconciler, pulse=Pulse(proxies, secrets, pods),
+                      providers=registry, reconciler=reconciler,
+                      pulse=Pulse(proxies, secrets, pods),
                       health=health, requests=requests)
         feed_queue(queue, proxies=proxies, secrets=secrets)
         for informer in (proxies, secrets, pods):
