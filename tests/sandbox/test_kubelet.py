@@ -195,9 +195,9 @@ async def test_a_pod_becomes_a_proxy_and_deleting_it_stops_the_process(world: Wo
         await world.until(lambda: world.pod("px-one") is None)
         await proxy.stopped.wait()
         assert not _alive(proxy.pid)
+        # (Not "the port refuses": once free, another sandbox or test process
+        # on this machine may rightly start a proxy there.)
         assert list(world.kubelet.proxies) == [f"{NS}/px-two"]
-        with pytest.raises(OSError):
-            await trio.open_tcp_stream(proxy.host, 3128)
 
 
 async def test_a_dead_process_fails_its_pod(world: World) -> None:
