@@ -257,7 +257,7 @@ async def open_local_proxy(
     allowed_sources: Sequence[str] = LOOPBACK_SOURCES,
     start_timeout: float = START_TIMEOUT,
 ) -> AsyncIterator[LocalProxy]:
-    """Start a proxy on `host:port`; yields once it accepts connections; stops it on exit.
+    """Start a proxy on `host:port`; yields once it listens there itself; stops it on exit.
 
     Its config and logs live in a temp dir of its own, removed on exit.
     Raises `ProxyStartFailed` (with the end of its log) when the process
