@@ -12,6 +12,7 @@ from __future__ import annotations
 import hmac
 import json
 import logging
+import re
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
@@ -76,7 +77,8 @@ def recovery(app: ASGIApp) -> ASGIApp:
             await app(scope, receive, tracking_send)
         except* Exception as group:
             # except* leaves trio.Cancelled (a BaseException) to propagate.
-            where = {"method": scope.get("method"), "path": scope.get("path")}
+            where = {"method": scope.get("method"),
+                     "path": loggable_path(str(scope.get("path") or ""))}
             _, other = group.split(_CLIENT_GONE)
             if started and other is None:
                 # The socket failed under a response already under way: the client hung
@@ -90,8 +92,18 @@ def recovery(app: ASGIApp) -> ASGIApp:
     return middleware
 
 
+_LEASE_ID = re.compile(r"^(/v1/leases/)[^/]+")
+
+
+def loggable_path(path: str) -> str:
+    """`path` with any lease id replaced by `{id}`: a lease id lets its holder release and
+    report on the lease, so it is a credential of sorts and stays out of logs."""
+    return _LEASE_ID.sub(r"\1{id}", path)
+
+
 def request_log(app: ASGIApp) -> ASGIApp:
-    """Log one line per request: method, path, status, duration (never headers or bodies)."""
+    """Log one line per request: method, path (lease ids redacted), status, duration
+    (never headers or bodies)."""
 
     async def middleware(scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -115,7 +127,7 @@ def request_log(app: ASGIApp) -> ASGIApp:
         finally:
             log.info("request", extra={
                 "method": scope.get("method"),
-                "path": scope.get("path"),
+                "path": loggable_path(str(scope.get("path") or "")),
                 "status": status or None,
                 "ms": round((time.monotonic() - start) * 1000, 1),
             })

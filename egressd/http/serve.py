@@ -14,11 +14,14 @@ socket (Hypercorn keeps it private). The pod's termination grace is the backstop
 from __future__ import annotations
 
 import logging
+import socket
 from typing import Any
 
 import trio
 from hypercorn.config import Config
 from hypercorn.trio import serve
+
+from egressd.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -103,12 +106,10 @@ class _InFlight:
                 quiet += 1
 
 
-def hypercorn_config(addr: str, *, grace: float) -> Config:
-    host, _, port = addr.rpartition(":")
-    if not host:
-        host = "0.0.0.0"  # noqa: S104 - ":8090" means every interface, as in Go
+def hypercorn_config(sock: socket.socket, *, grace: float) -> Config:
+    """Hypercorn's config for serving on `sock`, which it takes over (fd://)."""
     config = Config()
-    config.bind = [f"{host}:{port}"]
+    config.bind = [f"fd://{sock.detach()}"]
     config.graceful_timeout = grace
     config.accesslog = None  # the request-log middleware logs each request once
     config.errorlog = logging.getLogger("egressd.http.hypercorn")
@@ -123,7 +124,7 @@ async def serve_app(
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve `app` on `addr` until cancelled; `task_status.started` gets the bound URLs."""
-    config = hypercorn_config(addr, grace=grace)
+    config = hypercorn_config(_bind(addr), grace=grace)
     in_flight = _InFlight(app)
     shutdown = trio.Event()
     # The server runs shielded so that our cancellation becomes a graceful stop
@@ -150,3 +151,23 @@ async def serve_app(
                 await in_flight.wait_idle()
             # What is left are idle keep-alive connections (or requests past the grace).
             server_scope.cancel()
+
+
+def _bind(addr: str) -> socket.socket:
+    """A bound socket for `addr` (`HOST:PORT` or `:PORT`); ConfigError if it cannot be had.
+
+    egressd binds it, not Hypercorn, so a taken port or a foreign address is one clear
+    line at start (Hypercorn would raise it inside its own nursery and leak the socket).
+    """
+    host, _, port = addr.rpartition(":")
+    host = host.strip("[]") or "0.0.0.0"  # noqa: S104 - ":8090" means every interface
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET,
+                         socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, int(port)))
+    except (OSError, ValueError) as exc:
+        sock.close()
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise ConfigError(f"cannot listen on {addr}: {reason}") from None
+    return sock

@@ -101,3 +101,20 @@ async def test_a_client_hanging_up_after_a_413_is_not_an_error(
                     assert data.startswith(b"HTTP/1.1 413 ")
             await trio.testing.wait_all_tasks_blocked()
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+
+
+async def test_the_request_log_never_shows_a_lease_id(caplog: pytest.LogCaptureFixture) -> None:
+    # A lease id lets whoever has it release or report on the lease: keep it out of logs.
+    caplog.set_level(logging.INFO, logger="egressd")
+    with trio.fail_after(10):
+        async with discovery(MemorySource([make_proxy("a")])) as client:
+            granted = await client.post("/v1/leases", json={})
+            lease_id = granted.json()["leaseId"]
+            r = await client.post(f"/v1/leases/{lease_id}/report", json={"result": "ok"})
+            assert r.status_code == 204
+            r = await client.delete(f"/v1/leases/{lease_id}")
+            assert r.status_code == 204
+    assert lease_id not in caplog.text
+    assert request_lines(caplog) == [
+        ("POST", "/v1/leases", 201), ("POST", "/v1/leases/{id}/report", 204),
+        ("DELETE", "/v1/leases/{id}", 204)]

@@ -171,3 +171,21 @@ async def test_idle_keep_alive_connection_times_out(clock: trio.testing.MockCloc
                 clock.jump(Config().keep_alive_timeout + 1)
                 assert await stream.receive_some() == b""
                 server.cancel()
+
+
+async def test_a_taken_port_is_one_clear_config_error() -> None:
+    from egressd.errors import ConfigError
+
+    with trio.fail_after(10):
+        taken = trio.socket.socket()
+        with taken:
+            await taken.bind(("127.0.0.1", 0))
+            taken.listen()
+            port = taken.getsockname()[1]
+            async with trio.open_nursery() as nursery:
+                with pytest.raises(ConfigError, match=f"cannot listen on 127.0.0.1:{port}: "
+                                                      "Address already in use"):
+                    await nursery.start(
+                        lambda task_status: serve_app(
+                            new_app("test.taken"), f"127.0.0.1:{port}", grace=0.1,
+                            task_status=task_status))
