@@ -14,6 +14,10 @@ if [ -n "$need" ]; then
         apt-get update -qq
         # shellcheck disable=SC2086
         DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $need >/dev/null
+        if [[ " $need " == *" squid "* ]]; then
+            # Debian starts a system Squid on *:3128 after installing it; egressd runs its own.
+            { systemctl disable --now squid || service squid stop; } >/dev/null 2>&1 || true
+        fi
     else
         echo "install.sh: please install$need (as root: apt-get install$need)" >&2
     fi
