@@ -7,8 +7,11 @@ them stops the process at start with one line naming the flag and the path
 `run_daemon` builds every part and runs them in one nursery (SPEC §2):
 process-wide services on every replica (informers, work queue, lease stores,
 discovery and ops servers) and, per leadership term, the health engine,
-reconciler and orphan GC. `run_until_signalled` is `egressd run` under trio:
-SIGINT/SIGTERM cancel the root scope, the only stop.
+reconciler and orphan GC. Each starts with `nursery.start`, in an order where
+nothing is used before it is ready: the discovery API listens only once both
+caches have synced (it never answers from an empty cache), and `/readyz` says
+ready only once everything has started. `run_until_signalled` is `egressd run`
+under trio: SIGINT/SIGTERM cancel the root scope, the only stop.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import secrets
 import signal
 import socket
 import ssl
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 import attrs
 import trio
@@ -27,6 +30,7 @@ import trio
 from egressd.control.gc import run_orphan_gc
 from egressd.control.queue import WorkQueue
 from egressd.control.reconciler import Reconciler, feed_queue
+from egressd.durations import format_duration
 from egressd.errors import ConfigError
 from egressd.health.engine import HealthEngine
 from egressd.health.probe import Prober, make_ssl_context
@@ -45,6 +49,7 @@ from egressd.leases.persist import PersistentLeaseStore
 from egressd.leases.store import MemoryLeaseStore
 from egressd.metrics import LEADER
 from egressd.model.constants import CLOUD_INIT_LABEL
+from egressd.model.proxy import Proxy
 from egressd.providers.config import ProvidersConfig, ProvidersConfigError, load_providers_config
 from egressd.providers.registry import ProviderRegistry, build_registry
 from egressd.settings import Settings
@@ -58,7 +63,18 @@ PROVIDERS_BUILD_TIMEOUT = 60.0
 """Seconds building the providers may take at start (GCP credentials may need the network)."""
 
 LEADER_LEASE_NAME = "egressd"
-"""The coordination.k8s.io/v1 Lease the replicas campaign for."""
+"""The coordination.k8s.io/v1 Lease the replicas campaign for (see `leader_lease_name`)."""
+
+
+def leader_lease_name(namespace: str) -> str:
+    """The Lease of the daemons that watch `namespace` ("" = all namespaces).
+
+    Leadership guards the set of Proxies a daemon reconciles: two deployments
+    restricted to different namespaces must not take turns on one Lease (one
+    of them would never reconcile), so a restricted daemon's Lease names its
+    namespace.
+    """
+    return f"{LEADER_LEASE_NAME}-{namespace}" if namespace else LEADER_LEASE_NAME
 
 
 @attrs.frozen
@@ -81,12 +97,29 @@ def _check_readable(flag: str, path: str | None) -> None:
         raise ConfigError(f"{flag} {path}: {exc.strerror}") from None
 
 
+def _check_consistent(settings: Settings) -> None:
+    """Reject flag combinations that would fail (or silently misbehave) later."""
+    if settings.default_lease_ttl > settings.max_lease_ttl:
+        # A request without ttlSeconds would get a lease longer than the maximum.
+        raise ConfigError(
+            f"--default-lease-ttl {format_duration(settings.default_lease_ttl)} is longer "
+            f"than --max-lease-ttl {format_duration(settings.max_lease_ttl)}")
+    retry, renew, duration = (settings.leader_retry_period, settings.leader_renew_deadline,
+                              settings.leader_lease_duration)
+    if not retry < renew < duration:
+        raise ConfigError(
+            f"need --leader-retry-period ({format_duration(retry)}) < --leader-renew-deadline "
+            f"({format_duration(renew)}) < --leader-lease-duration ({format_duration(duration)})")
+
+
 def load_inputs(settings: Settings, environ: Mapping[str, str]) -> Inputs:
-    """Read every file the settings name; raise ConfigError naming the first bad one.
+    """Read every file the settings name; raise ConfigError naming the first bad one
+    (or an inconsistent pair of flags).
 
     A providers config with several mistakes raises `ProvidersConfigError`,
     whose `problems` lists them all.
     """
+    _check_consistent(settings)
     _check_readable("--kubeconfig", settings.kubeconfig)
     token = read_token(settings.discovery_token_file, environ)
     providers = ProvidersConfig()
@@ -202,6 +235,24 @@ async def run_daemon(
             registry.close()
 
 
+class _Readiness:
+    """What `/readyz` reads: the Proxy source, ready once the whole daemon has started.
+
+    The Proxy cache alone is not enough: the Secret cache and the discovery
+    server come after it, and a replica must not get traffic before they do.
+    """
+
+    def __init__(self, source: InformerProxySource) -> None:
+        self._source = source
+        self.synced = trio.Event()
+
+    def proxies(self) -> Iterable[Proxy]:
+        return self._source.proxies()
+
+    def get(self, key: str) -> Proxy | None:
+        return self._source.get(key)
+
+
 async def _run_parts(
     inputs: Inputs,
     *,
@@ -219,6 +270,7 @@ async def _run_parts(
     cloud_init = Informer(SECRETS, namespace=namespace,
                           label_selector=f"{CLOUD_INIT_LABEL}=true")
     queue: WorkQueue[str] = WorkQueue()
+    # Every handler is registered before the informers run, so none misses the first list.
     feed_queue(queue, proxies=proxies, secrets=cloud_init)
     source = InformerProxySource(proxies)
     memory = MemoryLeaseStore.from_settings(settings)
@@ -227,7 +279,8 @@ async def _run_parts(
     discovery = create_discovery_app(
         source, store=store, default_ttl=settings.default_lease_ttl,
         max_ttl=settings.max_lease_ttl, token=inputs.discovery_token)
-    ops = create_ops_app(source)
+    readiness = _Readiness(source)
+    ops = create_ops_app(readiness)
     hostname = socket.gethostname()
     parts = _Parts(
         client=client, proxies=proxies, secrets=cloud_init, providers=registry, queue=queue,
@@ -235,34 +288,38 @@ async def _run_parts(
         prober=Prober(ssl_context=inputs.probe_ssl_context), settings=settings)
     leader_elect = (settings.leader_elect if settings.leader_elect is not None
                     else in_cluster(environ))
+    lease_name = leader_lease_name(settings.namespace)
 
     async with trio.open_nursery() as nursery:
-        # The servers first, so /healthz answers and /readyz says 503 while the
-        # caches sync (a slow first list must not fail the liveness probe).
+        # The ops server first, so /healthz answers (and /readyz says 503) while a
+        # slow first list is in flight: that must not fail the liveness probe.
         metrics_url: str = (await nursery.start(functools.partial(
             serve_app, ops, settings.metrics_addr, grace=settings.shutdown_grace)))[0]
-        discovery_url: str = (await nursery.start(functools.partial(
-            serve_app, discovery, settings.discovery_addr, grace=settings.shutdown_grace)))[0]
         await nursery.start(queue.run)
         await nursery.start(memory.run)  # the lease sweeper
         await nursery.start(store.run)
-        await nursery.start(proxies.run, client)
+        await nursery.start(proxies.run, client)  # returns once the first list is in
         await nursery.start(cloud_init.run, client)
+        # Only now the discovery API: an unsynced cache would answer an empty list
+        # (200) or no_proxy_available (409), both untrue.
+        discovery_url: str = (await nursery.start(functools.partial(
+            serve_app, discovery, settings.discovery_addr, grace=settings.shutdown_grace)))[0]
         if leader_elect:
             identity = f"{hostname}_{secrets.token_hex(4)}"
             await nursery.start(functools.partial(
-                run_elected, client, name=LEADER_LEASE_NAME, namespace=leader_namespace,
+                run_elected, client, name=lease_name, namespace=leader_namespace,
                 identity=identity, lead=functools.partial(_lead, parts),
                 lease_duration=settings.leader_lease_duration,
                 renew_deadline=settings.leader_renew_deadline,
                 retry_period=settings.leader_retry_period))
         else:
             await nursery.start(_lead_unelected, parts)
+        readiness.synced.set()
         log.info("egressd started", extra={
             "discovery": discovery_url, "metrics": metrics_url,
             "namespace": settings.namespace or "(all)",
             "auth": "token" if inputs.discovery_token is not None else "none",
-            "leader_election": (f"{leader_namespace}/{LEADER_LEASE_NAME}" if leader_elect
+            "leader_election": (f"{leader_namespace}/{lease_name}" if leader_elect
                                 else "off"),
             "providers": len(registry)})
         task_status.started(DaemonAddresses(discovery_url=discovery_url,

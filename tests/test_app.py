@@ -24,10 +24,15 @@ import trio
 import trustme
 
 from egressd.app import DaemonAddresses, Inputs, load_inputs, run_daemon
+from egressd.errors import ConfigError
 from egressd.kube.client import KubeClient
+from egressd.kube.errors import NotFound
 from egressd.kube.informer import Informer
-from egressd.kube.resources import LEASES, PROXIES
+from egressd.kube.resources import LEASES, PROXIES, SECRETS
+from egressd.model.constants import CLOUD_INIT_LABEL
 from egressd.sandbox.apiserver import FakeApiServer
+from egressd.sandbox.apiserver.tls import kubeconfig as kubeconfig_text
+from egressd.sandbox.apiserver.tls import write_private
 from egressd.settings import parse_settings
 from tests.health.peers import ProxyProcess, find_binary, run_tinyproxy, serve_target
 
@@ -95,6 +100,61 @@ def holder(lease: Obj) -> str:
     return str((lease.get("spec") or {}).get("holderIdentity") or "")
 
 
+def condition(obj: Obj, kind: str) -> Obj:
+    for cond in (obj.get("status") or {}).get("conditions") or []:
+        if cond.get("type") == kind:
+            return dict(cond)
+    return {}
+
+
+def provisioned(obj: Obj) -> bool:
+    return condition(obj, "Provisioned").get("status") == "True"
+
+
+def external(namespace: str, name: str) -> Obj:
+    return {"apiVersion": "crawl.example.com/v1alpha1", "kind": "Proxy",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {"mode": "External", "endpoint": {"host": "127.0.0.1", "port": 9}}}
+
+
+def namespace(name: str) -> Obj:
+    return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
+
+
+class LogEvents(logging.Handler):
+    """Keeps the daemon's log records and lets a test wait for a message (the daemon
+    logs from the test's own thread, so a trio.Event can be set here)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+        self._waiting: dict[str, trio.Event] = {}
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+        event = self._waiting.get(record.getMessage())
+        if event is not None:
+            event.set()
+
+    def with_message(self, message: str) -> list[logging.LogRecord]:
+        return [r for r in self.records if r.getMessage() == message]
+
+    async def wait(self, message: str) -> None:
+        if not self.with_message(message):
+            await self._waiting.setdefault(message, trio.Event()).wait()
+
+
+@pytest.fixture
+def log_events() -> Iterator[LogEvents]:
+    logger = logging.getLogger("egressd")
+    handler, level = LogEvents(), logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    yield handler
+    logger.removeHandler(handler)
+    logger.setLevel(level)
+
+
 async def test_daemon_serves_readyz_metrics_and_warns_once_without_a_token(
     kubeconfig: str, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -119,6 +179,137 @@ async def test_daemon_serves_readyz_metrics_and_warns_once_without_a_token(
     started = [r for r in caplog.records if r.getMessage() == "egressd started"]
     assert len(started) == 1
     assert started[0].__dict__["discovery"] == addrs.discovery_url
+
+
+async def test_readyz_and_the_discovery_api_wait_for_the_caches(
+    apiserver: FakeApiServer, kubeconfig: str, log_events: LogEvents,
+) -> None:
+    # The Proxy list is refused (403) until the test lets it through.
+    refusal = apiserver.faults.fail_next(10**6, code=403, resource="proxies", watch=False)
+    started = trio.Event()
+    got: list[DaemonAddresses] = []
+    with trio.fail_after(20):
+        async with trio.open_nursery() as nursery:
+            async def start() -> None:
+                got.append(await nursery.start(functools.partial(
+                    run_daemon, daemon_inputs(kubeconfig), environ={})))
+                started.set()
+
+            nursery.start_soon(start)
+            await log_events.wait("list failed, retrying")
+            # Only the ops server listens yet: live, not ready.
+            (ops,) = log_events.with_message("listening")
+            ops_url = ops.__dict__["urls"]
+            async with httpx.AsyncClient() as http:
+                assert (await http.get(f"{ops_url}/healthz")).status_code == 200
+                not_ready = await http.get(f"{ops_url}/readyz")
+                assert not_ready.status_code == 503
+                assert not_ready.json()["error"] == "not_ready"
+                assert not started.is_set()
+                refusal.remaining = 0
+                await started.wait()
+                (addrs,) = got
+                assert addrs.metrics_url == ops_url
+                assert [r.__dict__["urls"] for r in log_events.with_message("listening")] == [
+                    ops_url, addrs.discovery_url]
+                assert (await http.get(f"{ops_url}/readyz")).status_code == 200
+            nursery.cancel_scope.cancel()
+
+
+async def test_leader_election_is_off_by_default_outside_a_pod(
+    apiserver: FakeApiServer, kubeconfig: str, kube_client: KubeClient,
+) -> None:
+    with trio.fail_after(20):
+        async with trio.open_nursery() as nursery:
+            proxies = await watching(nursery, kube_client, Informer(PROXIES))
+            await nursery.start(functools.partial(
+                run_daemon, daemon_inputs(kubeconfig), environ={}))
+            apiserver.create(external("default", "solo"))
+            # It reconciles (it leads) without ever writing a Lease.
+            await wait_for(proxies, "default/solo", provisioned)
+            assert (await kube_client.list(LEASES)).items == []
+            nursery.cancel_scope.cancel()
+
+
+async def test_in_a_pod_election_is_on_in_the_context_namespace(
+    apiserver: FakeApiServer, kube_client: KubeClient, tmp_path: Path,
+) -> None:
+    apiserver.create(namespace("ops"))
+    path = str(tmp_path / "kubeconfig")
+    write_private(path, kubeconfig_text(server=apiserver.url, ca_pem=apiserver.ca_pem,
+                                        token=apiserver.token, context="c", namespace="ops"))
+    pod_environment = {"KUBERNETES_SERVICE_HOST": "10.0.0.1", "KUBERNETES_SERVICE_PORT": "443"}
+    with trio.fail_after(20):
+        async with trio.open_nursery() as nursery:
+            leases = await watching(nursery, kube_client, Informer(LEASES))
+            await nursery.start(functools.partial(
+                run_daemon, daemon_inputs(path, "--leader-retry-period", "200ms"),
+                environ=pod_environment))
+            await wait_for(leases, "ops/egressd", lambda o: bool(holder(o)))
+            nursery.cancel_scope.cancel()
+
+
+async def test_a_namespace_restricted_daemon_sees_only_its_namespace(
+    apiserver: FakeApiServer, kubeconfig: str, kube_client: KubeClient, tmp_path: Path,
+) -> None:
+    for name in ("team-a", "team-b", "pods"):
+        apiserver.create(namespace(name))
+    providers = tmp_path / "providers.yaml"
+    providers.write_text("providers:\n  - name: pods\n    type: kubernetes\n"
+                         "    kubernetes: {namespace: pods, image: squid}\n")
+    apiserver.create(external("team-a", "mine"))
+    apiserver.create(external("team-b", "theirs"))
+    # A Secret without the cloud-init label is invisible to the daemon.
+    apiserver.create({"apiVersion": "v1", "kind": "Secret",
+                      "metadata": {"name": "boot", "namespace": "team-a"},
+                      "stringData": {"user-data": "#cloud-config"}})
+    apiserver.create({
+        "apiVersion": "crawl.example.com/v1alpha1", "kind": "Proxy",
+        "metadata": {"name": "managed", "namespace": "team-a"},
+        "spec": {"mode": "Managed", "provider": "pods",
+                 "cloudInit": {"secretRef": {"name": "boot"}}}})
+    with trio.fail_after(20):
+        async with trio.open_nursery() as nursery:
+            proxies = await watching(nursery, kube_client, Informer(PROXIES))
+            addrs: DaemonAddresses = await nursery.start(functools.partial(
+                run_daemon,
+                daemon_inputs(kubeconfig, "--namespace", "team-a",
+                              "--providers-config", str(providers), *ELECTION),
+                environ={}))
+            await wait_for(proxies, "team-a/mine", provisioned)
+            async with httpx.AsyncClient() as http:
+                listed = await http.get(f"{addrs.discovery_url}/v1/proxies")
+            assert [(p["namespace"], p["name"]) for p in listed.json()["items"]] == [
+                ("team-a", "managed"), ("team-a", "mine")]
+            # Its own Lease: a daemon watching another namespace does not compete for it.
+            lease = await kube_client.get(LEASES, "egressd-team-a", namespace="default")
+            assert holder(lease)
+            with pytest.raises(NotFound):
+                await kube_client.get(LEASES, "egressd", namespace="default")
+
+            await wait_for(proxies, "team-a/managed", lambda o: condition(
+                o, "Provisioned").get("reason") == "CloudInitUnresolved")
+            await kube_client.merge_patch(SECRETS, "boot", {"metadata": {"labels": {
+                CLOUD_INIT_LABEL: "true"}}}, namespace="team-a")
+            # Labelled, the Secret reaches the cache and the Proxy moves on to its instance.
+            await wait_for(proxies, "team-a/managed",
+                           lambda o: bool((o.get("status") or {}).get("providerID")))
+            nursery.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize(
+    ("flags", "needle"),
+    [
+        (["--default-lease-ttl", "2h"], "--default-lease-ttl 2h is longer than --max-lease-ttl 1h"),
+        (["--leader-renew-deadline", "20s"],
+         "need --leader-retry-period (2s) < --leader-renew-deadline (20s) < "
+         "--leader-lease-duration (15s)"),
+    ],
+)
+def test_inconsistent_flags_stop_the_start(flags: list[str], needle: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_inputs(parse_settings(flags, environ={}), {})
+    assert str(caught.value) == needle
 
 
 async def test_external_proxy_through_tinyproxy_becomes_ready_and_is_leased(
@@ -193,13 +384,8 @@ async def test_two_daemons_one_leader_and_the_standby_takes_over_at_once(
                                    lambda o: holder(o) not in ("", leader))
             assert taken["spec"]["leaseTransitions"] >= 1
             # The new leader reconciles: an External proxy gets its Provisioned condition.
-            apiserver.create({
-                "apiVersion": "crawl.example.com/v1alpha1", "kind": "Proxy",
-                "metadata": {"name": "after-takeover", "namespace": "default"},
-                "spec": {"mode": "External", "endpoint": {"host": "127.0.0.1", "port": 9}}})
-            await wait_for(proxies, "default/after-takeover", lambda o: any(
-                c.get("type") == "Provisioned" and c.get("status") == "True"
-                for c in (o.get("status") or {}).get("conditions") or []))
+            apiserver.create(external("default", "after-takeover"))
+            await wait_for(proxies, "default/after-takeover", provisioned)
             nursery.cancel_scope.cancel()
 
 
@@ -217,6 +403,7 @@ async def test_run_command_stops_on_sigterm_and_releases_its_lease(
 ) -> None:
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(tmp_path),
            "DISCOVERY_TOKEN": TOKEN}
+    api_token = (await kube_client.config.credentials.header() or "").split()[-1]
     output = bytearray()
     leading = trio.Event()
     with trio.fail_after(25):
@@ -225,7 +412,7 @@ async def test_run_command_stops_on_sigterm_and_releases_its_lease(
             proc = await trio.lowlevel.open_process(
                 [sys.executable, "-m", "egressd", "run", "--kubeconfig", kubeconfig,
                  "--discovery-addr", "127.0.0.1:0", "--metrics-addr", "127.0.0.1:0",
-                 "--shutdown-grace", "2s", *ELECTION],
+                 "--shutdown-grace", "2s", "--log-level", "debug", *ELECTION],
                 env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
             assert proc.stderr is not None
             nursery.start_soon(read_log, proc.stderr, output, b"became leader", leading)
@@ -251,6 +438,33 @@ async def test_run_command_stops_on_sigterm_and_releases_its_lease(
     assert "egressd started" in log
     assert "released the leader lease" in log, log
     assert TOKEN not in log
+    assert api_token not in log
+
+
+def test_a_provider_that_cannot_be_built_exits_2_with_one_line(tmp_path: Path) -> None:
+    # The kubeconfig loads (nothing listens at its server; nothing connects before the
+    # providers are built); the gcp provider's key file is not a key, which only the
+    # build, inside the daemon's nursery, finds out.
+    config = tmp_path / "kubeconfig"
+    ca = trustme.CA()
+    write_private(str(config), kubeconfig_text(server="https://127.0.0.1:1",
+                                               ca_pem=ca.cert_pem.bytes(), token="t",
+                                               context="c"))
+    key = tmp_path / "key.json"
+    key.write_text("{}")
+    providers = tmp_path / "providers.yaml"
+    providers.write_text(
+        "providers:\n  - name: g\n    type: gcp\n"
+        "    gcp: {project: my-project, zone: europe-west1-b, machineType: e2-micro, "
+        f"image: debian-12, credentialsFile: {key}}}\n")
+    out = subprocess.run(
+        [sys.executable, "-m", "egressd", "run", "--kubeconfig", str(config),
+         "--providers-config", str(providers)],
+        capture_output=True, text=True, timeout=60, check=False,
+        env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "DISCOVERY_TOKEN": TOKEN})
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.startswith("egressd: error: provider 'g': no usable Google credentials")
+    assert len(out.stderr.strip().splitlines()) == 1, out.stderr
 
 
 def test_run_without_any_kubeconfig_exits_2_with_one_line(tmp_path: Path) -> None:
