@@ -48,3 +48,24 @@ def test_rbac_grants_only_what_egressd_uses() -> None:
     assert "delete" not in grants[("crawl.example.com", "proxies")]
     assert all("*" not in verbs for verbs in grants.values())
     assert not any(r == "leases" for _, r in grants), "leases are a namespaced Role"
+
+
+def test_the_provider_namespace_in_the_config_is_created() -> None:
+    (config,) = find("ConfigMap")
+    providers = yaml.safe_load(config["data"]["providers.yaml"])["providers"]
+    namespaces = {d["metadata"]["name"] for d in find("Namespace")}
+    for entry in providers:
+        if entry["type"] == "kubernetes":
+            assert entry["kubernetes"]["namespace"] in namespaces
+
+
+def test_the_image_build_copies_what_package_symlinks_point_to() -> None:
+    # egressd/model/crd.yaml is a symlink into manifests/: a build context without
+    # manifests/ makes a wheel without the CRD.
+    root = MANIFESTS.parent
+    copied = {line.split()[1] for line in (root / "Containerfile").read_text().splitlines()
+              if line.startswith("COPY ") and "--from" not in line}
+    for link in (root / "egressd").rglob("*"):
+        if link.is_symlink():
+            target = link.resolve().relative_to(root)
+            assert target.parts[0] in copied, f"{link} -> {target}: not copied"

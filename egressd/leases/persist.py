@@ -51,6 +51,12 @@ log = logging.getLogger(__name__)
 QUEUE_SIZE = 4096
 """Cooldown writes waiting at most; beyond that a write is dropped (and logged)."""
 
+WRITE_TIMEOUT = 10.0
+"""Longest one cooldown write may take; it is shielded from cancellation up to this."""
+
+FLUSH_TIMEOUT = 5.0
+"""At shutdown, how long queued cooldown writes may still be flushed."""
+
 CONFLICT_RETRIES = 5
 """Times a cooldown write re-reads the Proxy after a 409 before it gives up (and logs)."""
 
@@ -163,6 +169,7 @@ class PersistentLeaseStore:
         self._ends: list[tuple[float, str]] = []
         self._ends_seen: set[tuple[float, str]] = set()
         self._ends_changed = trio.Event()
+        self._closing = False
 
     # --- LeaseStore -----------------------------------------------------------------
 
@@ -185,8 +192,14 @@ class PersistentLeaseStore:
         cooldown = await self.store.report(
             lease_id, result=result, target=target, retry_after=retry_after)
         if cooldown is not None:
-            self._enqueue(_Write(key=cooldown.key, cooldown=cooldown))
             self._remember_end(cooldown)
+            write = _Write(key=cooldown.key, cooldown=cooldown)
+            if self._closing:
+                # The writer has stopped (shutdown, while the HTTP servers drain): write
+                # from the request itself so a report answered at shutdown is not lost.
+                await self._write(write)
+            else:
+                self._enqueue(write)
         return cooldown
 
     async def usage(self, keys: Iterable[str]) -> Mapping[str, Usage]:
@@ -255,13 +268,36 @@ class PersistentLeaseStore:
             self._prune_pending.discard(write.key)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Write queued cooldowns, one merge patch each, and prune ended ones, until cancelled."""
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._prune_when_ended)
-            task_status.started()
-            async for write in self._receive:
-                if write.cooldown is None:
-                    self._prune_pending.discard(write.key)
+        """Write queued cooldowns, one merge patch each, and prune ended ones, until cancelled.
+
+        Cooldowns are data a restart must not lose (SPEC §7), so a write in flight is
+        shielded from cancellation (up to WRITE_TIMEOUT), and on cancellation the
+        cooldowns still queued are flushed (up to FLUSH_TIMEOUT) before it returns;
+        reports answered after that write from the request itself.
+        """
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._prune_when_ended)
+                task_status.started()
+                async for write in self._receive:
+                    if write.cooldown is None:
+                        self._prune_pending.discard(write.key)
+                    with trio.CancelScope(shield=True) as scope:
+                        scope.deadline = trio.current_time() + WRITE_TIMEOUT
+                        await self._write(write)
+        finally:
+            self._closing = True
+            with trio.CancelScope(shield=True) as scope:
+                scope.deadline = trio.current_time() + FLUSH_TIMEOUT
+                await self._flush()
+
+    async def _flush(self) -> None:
+        while True:
+            try:
+                write = self._receive.receive_nowait()
+            except (trio.WouldBlock, trio.EndOfChannel):
+                return
+            if write.cooldown is not None:  # prunes can wait for the next start
                 await self._write(write)
 
     async def _write(self, write: _Write) -> None:

@@ -212,3 +212,26 @@ async def test_a_stale_replica_never_shortens_a_recorded_cooldown(
             stored = seen.cooldowns("default/a")
             assert stored["x.example"]["reason"] == "banned"
             assert parse_time(stored["x.example"]["until"]).timestamp() == ban.until
+
+
+async def test_cooldowns_reported_at_shutdown_are_still_written(
+    kube_client: KubeClient, apiserver: FakeApiServer,
+) -> None:
+    # Stopping the writer (SIGTERM) must not drop a report it has not written yet, nor
+    # one answered while the HTTP servers drain after it stopped (SPEC §7).
+    apiserver.create(proxy("a"))
+    wall = Wall()
+    store = PersistentLeaseStore(
+        MemoryLeaseStore(cooldown=600, ban_cooldown=3600, max_cooldown=3600, clock=wall),
+        client=kube_client, lookup=lambda _key: None)
+    with trio.fail_after(20):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(store.run)
+            # No checkpoint between the report and the cancel: the write is still queued.
+            await store.report(await lease(store, "default/a", "queued.example"),
+                               result=Result.BANNED)
+            nursery.cancel_scope.cancel()
+        await store.report(await lease(store, "default/a", "late.example"),
+                           result=Result.BANNED)
+    stored = (await kube_client.get(PROXIES, "a", namespace="default"))["status"]["cooldowns"]
+    assert set(stored) == {"queued.example", "late.example"}
