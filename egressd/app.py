@@ -146,6 +146,27 @@ class DaemonAddresses:
     metrics_url: str
 
 
+class HealthRelay:
+    """Where a `proxy_error` report reaches the health engine (SPEC §7).
+
+    The engine lives on the leader only, one per term, while reports land on
+    any replica: the current term's engine is set here while it runs. On a
+    follower a report counts against nothing but the metric (see
+    docs/decisions.md): the leader's own probes still judge the proxy.
+    """
+
+    REASON = "a client reported proxy_error"
+
+    def __init__(self) -> None:
+        self.engine: HealthEngine | None = None
+
+    def proxy_error(self, key: str) -> None:
+        if self.engine is not None:
+            self.engine.count_failure(key, self.REASON)
+        else:
+            log.debug("proxy_error not counted: not the leader", extra={"proxy": key})
+
+
 @attrs.frozen
 class _Parts:
     """The process-wide parts a leadership term works with."""
@@ -158,6 +179,7 @@ class _Parts:
     events: EventRecorder
     prober: Prober
     settings: Settings
+    health: HealthRelay
 
 
 async def _lead(parts: _Parts, *,
@@ -174,14 +196,18 @@ async def _lead(parts: _Parts, *,
         client=parts.client, proxies=parts.proxies, secrets=parts.secrets,
         providers=parts.providers, engine=engine, queue=parts.queue, events=parts.events,
         settings=settings)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(engine.run)
-        await nursery.start(reconciler.run)
-        await nursery.start(functools.partial(
-            run_orphan_gc, providers=parts.providers, proxies=parts.proxies,
-            cluster_name=settings.cluster_name, interval=settings.gc_interval,
-            min_age=settings.orphan_min_age))
-        task_status.started()
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(engine.run)
+            parts.health.engine = engine
+            await nursery.start(reconciler.run)
+            await nursery.start(functools.partial(
+                run_orphan_gc, providers=parts.providers, proxies=parts.proxies,
+                cluster_name=settings.cluster_name, interval=settings.gc_interval,
+                min_age=settings.orphan_min_age))
+            task_status.started()
+    finally:
+        parts.health.engine = None
 
 
 async def _lead_unelected(parts: _Parts, *,
@@ -273,7 +299,8 @@ async def _run_parts(
     # Every handler is registered before the informers run, so none misses the first list.
     feed_queue(queue, proxies=proxies, secrets=cloud_init)
     source = InformerProxySource(proxies)
-    memory = MemoryLeaseStore.from_settings(settings)
+    health = HealthRelay()
+    memory = MemoryLeaseStore.from_settings(settings, on_proxy_error=health.proxy_error)
     store = PersistentLeaseStore(memory, client=client, lookup=proxies.get)
     store.attach(proxies)
     discovery = create_discovery_app(
@@ -285,7 +312,8 @@ async def _run_parts(
     parts = _Parts(
         client=client, proxies=proxies, secrets=cloud_init, providers=registry, queue=queue,
         events=EventRecorder(client, host=hostname),
-        prober=Prober(ssl_context=inputs.probe_ssl_context), settings=settings)
+        prober=Prober(ssl_context=inputs.probe_ssl_context), settings=settings,
+        health=health)
     leader_elect = (settings.leader_elect if settings.leader_elect is not None
                     else in_cluster(environ))
     lease_name = leader_lease_name(settings.namespace)

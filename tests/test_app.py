@@ -352,6 +352,49 @@ async def test_external_proxy_through_tinyproxy_becomes_ready_and_is_leased(
             nursery.cancel_scope.cancel()
 
 
+async def test_proxy_error_reports_turn_a_proxy_unhealthy_through_the_leaders_engine(
+    apiserver: FakeApiServer, kubeconfig: str, kube_client: KubeClient, ca: trustme.CA,
+    ca_file: str, tinyproxy: ProxyProcess,
+) -> None:
+    server_ssl = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("127.0.0.1").configure_cert(server_ssl)
+    with trio.fail_after(25):
+        async with trio.open_nursery() as nursery:
+            target = await nursery.start(serve_target, 204, server_ssl)
+            proxies = await watching(nursery, kube_client, Informer(PROXIES))
+            addrs: DaemonAddresses = await nursery.start(functools.partial(
+                run_daemon, daemon_inputs(kubeconfig, "--probe-ca-file", ca_file),
+                environ={}))
+            apiserver.create({
+                "apiVersion": "crawl.example.com/v1alpha1", "kind": "Proxy",
+                "metadata": {"name": "flaky", "namespace": "default"},
+                "spec": {"mode": "External",
+                         "endpoint": {"host": tinyproxy.host, "port": tinyproxy.port},
+                         # One probe now, the next one long after this test.
+                         "healthCheck": {"probeURL": f"https://127.0.0.1:{target.port}/",
+                                         "intervalSeconds": 3600, "failureThreshold": 2}}})
+            await wait_for(proxies, "default/flaky",
+                           lambda o: (o.get("status") or {}).get("phase") == "Ready")
+            async with httpx.AsyncClient(base_url=addrs.discovery_url) as http:
+                first = (await http.post("/v1/leases", json={})).json()["leaseId"]
+                for _ in range(3):  # one lease counts once
+                    r = await http.post(f"/v1/leases/{first}/report",
+                                        json={"result": "proxy_error"})
+                    assert r.status_code == 204
+                await trio.sleep(0.3)
+                assert condition(proxies.get("default/flaky") or {}, "Healthy")["status"] == "True"
+                second = (await http.post("/v1/leases", json={})).json()["leaseId"]
+                r = await http.post(f"/v1/leases/{second}/report",
+                                    json={"result": "proxy_error"})
+                assert r.status_code == 204
+            unhealthy = await wait_for(
+                proxies, "default/flaky",
+                lambda o: (o.get("status") or {}).get("phase") == "Unhealthy")
+            assert "proxy_error" in condition(unhealthy, "Healthy")["message"]
+            assert (unhealthy["status"].get("cooldowns") or {}) == {}
+            nursery.cancel_scope.cancel()
+
+
 ELECTION = ("--leader-elect", "true", "--leader-lease-duration", "15s",
             "--leader-renew-deadline", "10s", "--leader-retry-period", "200ms")
 

@@ -196,6 +196,17 @@ class HealthEngine:
                        checked_at=state.checked_at, reason=state.reason,
                        successes=state.successes, failures=state.failures)
 
+    def count_failure(self, key: str, reason: str) -> None:
+        """Count a failure seen by a client (a `proxy_error` report) as a failed probe.
+
+        It moves the failure streak and may flip the verdict to unhealthy (and
+        emit) exactly as a failed probe would, but it is not a probe: the
+        probe schedule and `checked_at` are untouched. Unknown keys are ignored.
+        """
+        state = self._states.get(key)
+        if state is not None:
+            self._record(state, ProbeResult(False, 0.0, reason), probed=False)
+
     def __contains__(self, key: object) -> bool:
         return key in self._states
 
@@ -320,9 +331,10 @@ class HealthEngine:
         state.emitted_latency_ms = seed.latency_ms if seed.healthy else None
         state.emitted_at = now
 
-    def _record(self, state: _State, result: ProbeResult) -> None:
+    def _record(self, state: _State, result: ProbeResult, *, probed: bool = True) -> None:
         target = state.target
-        state.checked_at = self._wall_clock()
+        if probed:
+            state.checked_at = self._wall_clock()
         if result.ok:
             state.successes += 1
             state.failures = 0

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from egressd.leases import Result
+
 ERROR_CODES = (
     "invalid_body", "invalid_ttl", "invalid_result", "invalid_selector", "invalid_query",
     "no_proxy_available", "unknown_lease", "unauthorized", "body_too_large", "body_timeout",
@@ -110,7 +112,9 @@ _REPORT = {
     "additionalProperties": False,
     "required": ["result"],
     "properties": {
-        "result": {"type": "string", "enum": ["ok", "rate_limited", "banned"]},
+        "result": {"type": "string", "enum": [r.value for r in Result],
+                   "description": "proxy_error: the proxy itself failed (refused, timed "
+                                  "out, 407); no cooldown, counts as a failed probe"},
         "target": _TARGET,
         "retryAfterSeconds": {"type": "number", "minimum": 0,
                               "description": "the site's Retry-After; bounded to 1 s..max"},

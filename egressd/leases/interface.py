@@ -21,11 +21,16 @@ GLOBAL = ""
 
 
 class Result(enum.Enum):
-    """What a client saw through a leased proxy (`POST /v1/leases/{id}/report`)."""
+    """What a client saw through a leased proxy (`POST /v1/leases/{id}/report`).
+
+    `PROXY_ERROR` is the proxy itself failing (refused, timed out, 407): it
+    starts no cooldown and counts as a failed probe for the proxy's health.
+    """
 
     OK = "ok"
     RATE_LIMITED = "rate_limited"
     BANNED = "banned"
+    PROXY_ERROR = "proxy_error"
 
 
 @attrs.frozen(kw_only=True)

@@ -51,6 +51,8 @@ class _Record:
     active: bool = True
     # When an inactive (expired or released) lease is forgotten; reports land until then.
     forget_at: float = math.inf
+    # A lease's proxy_error counts against the proxy's health once, however often reported.
+    proxy_error_counted: bool = False
 
 
 class MemoryLeaseStore:
@@ -70,6 +72,7 @@ class MemoryLeaseStore:
         retention: float | None = None,
         sweep_interval: float = 5.0,
         clock: Callable[[], float] = time.time,
+        on_proxy_error: Callable[[str], None] | None = None,
     ) -> None:
         self._cooldown = cooldown
         self._ban_cooldown = ban_cooldown
@@ -78,6 +81,9 @@ class MemoryLeaseStore:
         self._retention = cooldown if retention is None else retention
         self._sweep_interval = sweep_interval
         self._clock = clock
+        # Called with the proxy key of each lease's first proxy_error report (SPEC §7:
+        # it counts as a failed probe); must not block or raise.
+        self._on_proxy_error = on_proxy_error
         self._leases: dict[str, _Record] = {}
         self._active: dict[str, int] = {}
         # (expires_at, lease id) of every lease granted and not yet expired or released;
@@ -90,13 +96,15 @@ class MemoryLeaseStore:
 
     @classmethod
     def from_settings(
-        cls, settings: Settings, *, clock: Callable[[], float] = time.time
+        cls, settings: Settings, *, clock: Callable[[], float] = time.time,
+        on_proxy_error: Callable[[str], None] | None = None,
     ) -> MemoryLeaseStore:
         return cls(
             cooldown=settings.cooldown,
             ban_cooldown=settings.ban_cooldown,
             max_cooldown=settings.max_cooldown,
             clock=clock,
+            on_proxy_error=on_proxy_error,
         )
 
     def now(self) -> float:
@@ -194,6 +202,13 @@ class MemoryLeaseStore:
             raise UnknownLeaseError(f"no lease {lease_id!r}")
         metrics.REPORTS.labels(result.value).inc()
         if result is Result.OK:
+            return None
+        if result is Result.PROXY_ERROR:
+            # No cooldown: the proxy is broken for everyone, which is health's business.
+            if not rec.proxy_error_counted:
+                rec.proxy_error_counted = True
+                if self._on_proxy_error is not None:
+                    self._on_proxy_error(rec.lease.key)
             return None
         if result is Result.BANNED:
             # SPEC §7: a 429 is not a ban; a ban never takes the client's Retry-After.

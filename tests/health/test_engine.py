@@ -464,3 +464,28 @@ async def test_a_proxy_removed_while_queued_for_a_slot_is_not_probed(
         await trio.sleep(10)
         assert h.script.times("a") == [0.0]
         assert h.script.times("b") == []
+
+
+async def test_a_reported_proxy_error_counts_as_a_failed_probe(
+        nursery: trio.Nursery, autojump_clock: trio.testing.MockClock) -> None:
+    with trio.fail_after(1000):
+        h = Harness(Script())
+        h.engine.upsert(target(interval=30.0, failure_threshold=2))
+        await nursery.start(h.engine.run)
+        await trio.sleep(1)  # the first probe (t=0) made it healthy
+        assert h.emitted_at() == [0.0]
+        h.engine.count_failure("a", "a client reported proxy_error")
+        verdict = h.engine.snapshot("a")
+        assert verdict is not None and verdict.healthy and verdict.failures == 1
+        h.engine.count_failure("a", "a client reported proxy_error")
+        verdict = h.engine.snapshot("a")
+        # The threshold is reached as by probes; it is not a probe: no new check time.
+        assert verdict == Verdict(healthy=False, latency_ms=None, checked_at=EPOCH,
+                                  reason="a client reported proxy_error", successes=0,
+                                  failures=2)
+        assert h.emitted_at() == [0.0, 1.0]
+        h.engine.count_failure("unknown", "x")  # ignored
+        await trio.sleep(30)  # the schedule is unchanged: the next probe heals it
+        assert h.script.times("a") == [0.0, 30.0]
+        verdict = h.engine.snapshot("a")
+        assert verdict is not None and verdict.healthy

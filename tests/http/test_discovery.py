@@ -407,3 +407,20 @@ async def test_recovery_answers_500_and_logs(caplog: pytest.LogCaptureFixture) -
             assert (await client.get("/healthz")).status_code == 200
     errors = [rec for rec in caplog.records if rec.getMessage() == "unhandled error"]
     assert len(errors) == 1 and errors[0].exc_info is not None
+
+
+async def test_report_proxy_error_is_accepted_and_starts_no_cooldown() -> None:
+    counted: list[str] = []
+    store = make_store()
+    store._on_proxy_error = counted.append  # what app.py wires to the health engine
+    with trio.fail_after(10):
+        async with discovery(MemorySource([make_proxy("a", max_leases=2)]), store) as client:
+            lease_id = (await lease(client, {"target": "t.example"})).json()["leaseId"]
+            body = {"result": "proxy_error", "target": "t.example", "retryAfterSeconds": 5}
+            assert (await report(client, lease_id, body)).status_code == 204
+            view = (await call(client, "GET", "/v1/proxies")).json()["items"][0]
+            assert view["cooldowns"] == {}
+            assert (await lease(client, {"target": "t.example"})).status_code == 201
+            r = await report(client, "not-a-lease", {"result": "proxy_error"})
+            assert r.status_code == 404 and error_of(r) == "unknown_lease"
+    assert len(counted) == 1 and counted[0].endswith("/a")

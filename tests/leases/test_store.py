@@ -256,3 +256,28 @@ async def test_selection_takes_a_one_shot_iterable(
     g = grant(await store.acquire(gen(), target="", ttl=1))
     assert g.lease.key == "ns/p09999"
     assert seen == 10_000
+
+
+async def test_proxy_error_starts_no_cooldown_and_counts_once_per_lease(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    counted: list[str] = []
+    store = MemoryLeaseStore(cooldown=600.0, ban_cooldown=3600.0, max_cooldown=3600.0,
+                             clock=trio_wall, on_proxy_error=counted.append)
+    first = grant(await store.acquire([cand("ns/a")], target="t.example", ttl=60))
+    second = grant(await store.acquire([cand("ns/a")], target="t.example", ttl=60))
+    for _ in range(3):
+        assert await store.report(first.lease.id, result=Result.PROXY_ERROR) is None
+    assert await store.report(second.lease.id, result=Result.PROXY_ERROR,
+                              target="t.example", retry_after=30) is None
+    # One count per lease however often it is reported, and no cooldown at all.
+    assert counted == ["ns/a", "ns/a"]
+    assert store.cooldowns("ns/a") == {}
+    assert isinstance(await store.acquire([cand("ns/a")], target="t.example", ttl=60), Grant)
+    with pytest.raises(UnknownLeaseError):
+        await store.report("never-issued", result=Result.PROXY_ERROR)
+    assert counted == ["ns/a", "ns/a"]
+    # A store without a handler accepts the outcome too.
+    plain = make_store()
+    g = grant(await plain.acquire([cand("ns/b")], target="", ttl=60))
+    assert await plain.report(g.lease.id, result=Result.PROXY_ERROR) is None
