@@ -1,8 +1,10 @@
 """ASGI middleware of the discovery API (SPEC §7), outermost first.
 
 `wrap(app, token=...)` stacks: recovery (an unhandled error becomes a logged 500
-with the JSON error shape), request log (one line per request), a body cap
-(64 KiB, 413), bearer auth (constant-time compare; `/healthz` exempt). Each is a
+with the JSON error shape), request log (one line per request), bearer auth
+(constant-time compare; `/healthz` exempt; more than one Authorization header is
+a 400), a body cap (64 KiB, 413). Auth runs before the cap, so an anonymous
+client cannot make the server read (or wait for) a single body byte. Each is a
 plain ASGI callable wrapper, so the order is exactly what `wrap` says and holds
 for every request, including ones that match no route.
 """
@@ -191,30 +193,45 @@ def body_cap(app: ASGIApp, *, limit: int = MAX_BODY, timeout: float = BODY_TIMEO
 
 
 def bearer_auth(app: ASGIApp, *, token: str) -> ASGIApp:
-    """Require `Authorization: Bearer <token>` except on AUTH_EXEMPT paths."""
+    """Require `Authorization: Bearer <token>` except on AUTH_EXEMPT paths.
+
+    Two or more Authorization headers are a 400 on every path: which one a proxy
+    in front or the framework would pick differs, so none is picked.
+    """
     expected = token.encode()
 
     async def middleware(scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope.get("path") in AUTH_EXEMPT:
+        if scope["type"] != "http":
             await app(scope, receive, send)
             return
-        given = b""
-        for name, value in scope.get("headers", ()):
-            if name == b"authorization":
-                scheme, _, rest = value.partition(b" ")
-                if scheme.lower() == b"bearer":
-                    given = rest.strip()
-        # compare_digest: the time taken does not reveal how much of the token matched.
-        if not given or not hmac.compare_digest(given, expected):
-            await send_error(send, 401, "unauthorized", "missing or wrong bearer token",
-                             headers=[(b"www-authenticate", b'Bearer realm="egressd"')])
+        given = [value for name, value in scope.get("headers", ()) if name == b"authorization"]
+        if len(given) > 1:
+            await send_error(send, 400, "invalid_header",
+                             "more than one Authorization header")
             return
-        await app(scope, receive, send)
+        if scope.get("path") in AUTH_EXEMPT or _bearer_matches(given, expected):
+            await app(scope, receive, send)
+            return
+        await send_error(send, 401, "unauthorized", "missing or wrong bearer token",
+                         headers=[(b"www-authenticate", b'Bearer realm="egressd"')])
 
     return middleware
 
 
+def _bearer_matches(given: list[bytes], expected: bytes) -> bool:
+    if not given:
+        return False
+    scheme, _, rest = given[0].partition(b" ")
+    if scheme.lower() != b"bearer":
+        return False
+    # compare_digest: the time taken does not reveal how much of the token matched
+    # (a prefix of the token is as wrong as any other string).
+    return hmac.compare_digest(rest.strip(), expected)
+
+
 def wrap(app: ASGIApp, *, token: str | None) -> ASGIApp:
-    """The discovery API's stack, outermost first: recovery, log, body cap, auth."""
-    inner = app if token is None else bearer_auth(app, token=token)
-    return recovery(request_log(body_cap(inner)))
+    """The discovery API's stack, outermost first: recovery, log, auth, body cap."""
+    inner = body_cap(app)
+    if token is not None:
+        inner = bearer_auth(inner, token=token)
+    return recovery(request_log(inner))

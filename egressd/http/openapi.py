@@ -13,7 +13,7 @@ from egressd.leases import Result
 ERROR_CODES = (
     "invalid_body", "invalid_ttl", "invalid_result", "invalid_selector", "invalid_query",
     "no_proxy_available", "unknown_lease", "unauthorized", "body_too_large", "body_timeout",
-    "not_found",
+    "not_found", "invalid_header",
     "method_not_allowed", "internal_error",
 )
 

@@ -67,7 +67,10 @@ async def test_auth_required_wrong_and_exempt() -> None:
             assert (await call(client, "GET", "/v1/proxies")).status_code == 200
             for headers in ({"Authorization": ""}, {"Authorization": "Bearer nope"},
                             {"Authorization": f"Basic {TOKEN}"},
-                            {"Authorization": f"Bearer {TOKEN}x"}):
+                            {"Authorization": f"Bearer {TOKEN}x"},
+                            # Every strict prefix of the token is as wrong as any other.
+                            *({"Authorization": f"Bearer {TOKEN[:n]}"}
+                              for n in range(1, len(TOKEN)))):
                 r = await call(client, "GET", "/v1/proxies", headers=headers)
                 assert r.status_code == 401 and error_of(r) == "unauthorized"
                 assert r.headers["www-authenticate"].startswith("Bearer")
