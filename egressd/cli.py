@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import attrs
 
@@ -75,6 +75,23 @@ def _check_config(path: str) -> int:
     return 0
 
 
+# The top-level modules of the `sandbox` extra (pyproject.toml), by import name.
+_SANDBOX_EXTRA = frozenset({"celpy", "jsonpatch", "jsonpath_ng", "trustme"})
+
+
+def _sandbox_entry() -> Callable[..., int] | None:
+    """`sandbox_main`, or None (after one line on stderr) when the extra is not installed."""
+    try:
+        from egressd.sandbox.command import sandbox_main
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").partition(".")[0] not in _SANDBOX_EXTRA:
+            raise
+        print(f"egressd: error: the sandbox needs its extra ({exc.name} is missing): "
+              "pip install 'egressd[sandbox]'", file=sys.stderr)
+        return None
+    return sandbox_main
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
@@ -84,8 +101,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "check-config":
             return _check_config(args.file)
         if args.command == "sandbox":
-            from egressd.sandbox.command import sandbox_main
-
+            sandbox_main = _sandbox_entry()
+            if sandbox_main is None:
+                return 2
             code: int = sandbox_main(
                 api_only=args.api_only, ready_file=args.ready_file, proxies=args.proxies,
                 log_level=args.log_level, discovery_addr=args.discovery_addr,

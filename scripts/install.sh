@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what egressd needs on a fresh Debian machine: squid and tinyproxy from
 # Debian (the sandbox's local proxies and the tests' real peers), and egressd with
-# its test and dev extras in .venv. Safe to run again; it only adds what is missing.
+# its test, dev and sandbox extras in .venv. Safe to run again; it only adds what is missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -24,4 +24,4 @@ if [ -n "$need" ]; then
 fi
 
 [ -x .venv/bin/python ] || python3 -m venv .venv
-.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test,dev]'
+.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test,dev,sandbox]'
