@@ -40,7 +40,7 @@ from egressd.http.ops import create_ops_app
 from egressd.http.serve import serve_app
 from egressd.http.source import InformerProxySource
 from egressd.kube.client import KubeClient, open_client
-from egressd.kube.config import in_cluster, load_config
+from egressd.kube.config import load_config
 from egressd.kube.election import run_elected
 from egressd.kube.events import EventRecorder
 from egressd.kube.informer import Informer
@@ -256,7 +256,7 @@ async def run_daemon(
             await _run_parts(inputs, client=client, registry=registry,
                              leader_namespace=settings.leader_election_namespace
                              or config.namespace or "default",
-                             environ=environ, task_status=task_status)
+                             task_status=task_status)
         finally:
             registry.close()
 
@@ -285,7 +285,6 @@ async def _run_parts(
     client: KubeClient,
     registry: ProviderRegistry,
     leader_namespace: str,
-    environ: Mapping[str, str],
     task_status: trio.TaskStatus[DaemonAddresses],
 ) -> None:
     settings = inputs.settings
@@ -314,8 +313,7 @@ async def _run_parts(
         events=EventRecorder(client, host=hostname),
         prober=Prober(ssl_context=inputs.probe_ssl_context), settings=settings,
         health=health)
-    leader_elect = (settings.leader_elect if settings.leader_elect is not None
-                    else in_cluster(environ))
+    leader_elect = settings.leader_elect
     lease_name = leader_lease_name(settings.namespace)
 
     async with trio.open_nursery() as nursery:
@@ -341,6 +339,12 @@ async def _run_parts(
                 renew_deadline=settings.leader_renew_deadline,
                 retry_period=settings.leader_retry_period))
         else:
+            # Off only on request: a second daemon against the same cluster (another
+            # replica, a developer's `egressd run`) would reconcile the same Proxies
+            # with its own providers config and undo this one's work.
+            log.warning("leader election is off (--leader-elect=false): this process "
+                        "reconciles whatever any other egressd does; run no other against "
+                        "this cluster")
             await nursery.start(_lead_unelected, parts)
         readiness.synced.set()
         log.info("egressd started", extra={

@@ -126,8 +126,9 @@ class Settings:
         None, "Extra CA bundle (PEM) trusted for probe targets.", _opt_str)
 
     # Leader election
-    leader_elect: bool | None = setting(
-        None, "Campaign for leadership before reconciling (default: on in cluster).", _bool)
+    leader_elect: bool = setting(
+        True, "Campaign for the leader Lease before reconciling, so one replica acts at a "
+        "time; --leader-elect=false (or --no-leader-elect) runs unelected and warns.", _bool)
     leader_election_namespace: str = setting(
         "", "Namespace of the leader election Lease (default: own namespace or default).")
     leader_lease_duration: float = setting(
@@ -153,16 +154,28 @@ def env_name(field_name: str) -> str:
 
 
 def add_flags(parser: argparse.ArgumentParser) -> None:
-    """Add one flag per Settings field; values stay strings until `settings_from`."""
+    """Add one flag per Settings field; values stay strings until `settings_from`.
+
+    A boolean field's flag also works bare (`--leader-elect` = true) and has a
+    `--no-` form (`--no-leader-elect` = false).
+    """
     for field in attrs.fields(Settings):
         default = field.default
         shown = format_duration(default) if isinstance(default, float) else default
+        help_text = f"{field.metadata['help']} [{env_name(field.name)}; default {shown!r}]"
+        if field.metadata["parse"] is _bool:
+            parser.add_argument(flag_name(field.name), dest=field.name, default=None,
+                                nargs="?", const="true", metavar="true|false", help=help_text)
+            parser.add_argument("--no-" + flag_name(field.name)[2:], dest=field.name,
+                                action="store_const", const="false",
+                                help=f"Same as {flag_name(field.name)}=false.")
+            continue
         parser.add_argument(
             flag_name(field.name),
             dest=field.name,
             default=None,
             metavar=field.name.upper(),
-            help=f"{field.metadata['help']} [{env_name(field.name)}; default {shown!r}]",
+            help=help_text,
         )
 
 

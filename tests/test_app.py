@@ -216,19 +216,39 @@ async def test_readyz_and_the_discovery_api_wait_for_the_caches(
             nursery.cancel_scope.cancel()
 
 
-async def test_leader_election_is_off_by_default_outside_a_pod(
-    apiserver: FakeApiServer, kubeconfig: str, kube_client: KubeClient,
+async def test_leader_election_is_on_by_default_outside_a_pod(
+    apiserver: FakeApiServer, kubeconfig: str, kube_client: KubeClient, log_events: LogEvents,
+) -> None:
+    """A developer's `egressd run --kubeconfig` campaigns like a replica in a Pod."""
+    with trio.fail_after(20):
+        async with trio.open_nursery() as nursery:
+            leases = await watching(nursery, kube_client, Informer(LEASES, namespace="default"))
+            await nursery.start(functools.partial(
+                run_daemon, daemon_inputs(kubeconfig), environ={}))
+            await wait_for(leases, "default/egressd", lambda o: bool(holder(o)))
+            await log_events.wait("became leader")
+            nursery.cancel_scope.cancel()
+    assert not [r for r in log_events.records if "leader election is off" in r.getMessage()]
+
+
+@pytest.mark.parametrize("flag", [("--leader-elect=false",), ("--no-leader-elect",),
+                                  ("--leader-elect", "false")])
+async def test_election_off_is_explicit_and_warns(
+    apiserver: FakeApiServer, kubeconfig: str, kube_client: KubeClient, log_events: LogEvents,
+    flag: tuple[str, ...],
 ) -> None:
     with trio.fail_after(20):
         async with trio.open_nursery() as nursery:
             proxies = await watching(nursery, kube_client, Informer(PROXIES))
             await nursery.start(functools.partial(
-                run_daemon, daemon_inputs(kubeconfig), environ={}))
+                run_daemon, daemon_inputs(kubeconfig, *flag), environ={}))
             apiserver.create(external("default", "solo"))
             # It reconciles (it leads) without ever writing a Lease.
             await wait_for(proxies, "default/solo", provisioned)
             assert (await kube_client.list(LEASES)).items == []
             nursery.cancel_scope.cancel()
+    (warning,) = [r for r in log_events.records if "leader election is off" in r.getMessage()]
+    assert warning.levelno == logging.WARNING
 
 
 async def test_in_a_pod_election_is_on_in_the_context_namespace(

@@ -38,17 +38,27 @@ def test_defaults_match_the_spec() -> None:
     assert s.ready_resync == 300
     assert s.quota_retry == 300
     assert s.immediate_retry == 1
-    assert s.leader_elect is None
+    assert s.leader_elect is True
     assert (s.leader_lease_duration, s.leader_renew_deadline, s.leader_retry_period) == (15, 10, 2)
     assert s.log_format == "text"
 
 
 def test_flags_win_over_environment_which_wins_over_defaults() -> None:
-    env = {env_name("cooldown"): "2m", env_name("workers"): "8", env_name("leader_elect"): "true"}
+    env = {env_name("cooldown"): "2m", env_name("workers"): "8", env_name("leader_elect"): "false"}
     s = parse_settings(["--cooldown", "30s"], environ=env)
     assert s.cooldown == 30
     assert s.workers == 8
-    assert s.leader_elect is True
+    assert s.leader_elect is False
+    assert parse_settings(["--leader-elect"], environ=env).leader_elect is True
+
+
+@pytest.mark.parametrize(("argv", "expected"), [
+    ([], True), (["--leader-elect"], True), (["--leader-elect=true"], True),
+    (["--leader-elect=false"], False), (["--leader-elect", "false"], False),
+    (["--no-leader-elect"], False), (["--no-leader-elect", "--leader-elect"], True),
+])
+def test_a_boolean_flag_is_bare_valued_or_negated(argv: list[str], expected: bool) -> None:
+    assert parse_settings(argv, environ={}).leader_elect is expected
 
 
 def test_settings_are_frozen() -> None:

@@ -287,7 +287,7 @@ async def serve_sandbox(
             environ = {"DISCOVERY_TOKEN": token}
             inputs = await trio.to_thread.run_sync(load_inputs, Settings(
                 kubeconfig=kubeconfig, providers_config=providers_file, probe_ca_file=probe_ca,
-                discovery_addr=discovery_addr, metrics_addr=metrics_addr, leader_elect=False,
+                discovery_addr=discovery_addr, metrics_addr=metrics_addr,
                 provisioning_poll=1.0, cluster_name="sandbox", shutdown_grace=SHUTDOWN_GRACE,
                 log_level=log_level), environ)
             daemon = await nursery.start(functools.partial(run_daemon, inputs, environ=environ))
