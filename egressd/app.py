@@ -22,6 +22,7 @@ import secrets
 import signal
 import socket
 import ssl
+import time
 from collections.abc import Iterable, Mapping
 
 import attrs
@@ -45,7 +46,7 @@ from egressd.kube.election import run_elected
 from egressd.kube.events import EventRecorder
 from egressd.kube.informer import Informer
 from egressd.kube.resources import PROXIES, SECRETS
-from egressd.leases.persist import PersistentLeaseStore
+from egressd.leases.persist import CooldownWriter
 from egressd.leases.store import MemoryLeaseStore
 from egressd.metrics import LEADER
 from egressd.model.constants import CLOUD_INIT_LABEL
@@ -299,9 +300,11 @@ async def _run_parts(
     feed_queue(queue, proxies=proxies, secrets=cloud_init)
     source = InformerProxySource(proxies)
     health = HealthRelay()
-    memory = MemoryLeaseStore.from_settings(settings, on_proxy_error=health.proxy_error)
-    store = PersistentLeaseStore(memory, client=client, lookup=proxies.get)
-    store.attach(proxies)
+    writer = CooldownWriter(client=client, lookup=proxies.get, clock=time.time)
+    store = MemoryLeaseStore.from_settings(
+        settings, clock=time.time, on_cooldown=writer.cooldown_started,
+        on_proxy_error=health.proxy_error)
+    writer.attach(proxies, store)
     discovery = create_discovery_app(
         source, store=store, default_ttl=settings.default_lease_ttl,
         max_ttl=settings.max_lease_ttl, token=inputs.discovery_token)
@@ -322,8 +325,8 @@ async def _run_parts(
         metrics_url: str = (await nursery.start(functools.partial(
             serve_app, ops, settings.metrics_addr, grace=settings.shutdown_grace)))[0]
         await nursery.start(queue.run)
-        await nursery.start(memory.run)  # the lease sweeper
-        await nursery.start(store.run)
+        await nursery.start(store.run)  # the lease sweeper
+        await nursery.start(writer.run)
         await nursery.start(proxies.run, client)  # returns once the first list is in
         await nursery.start(cloud_init.run, client)
         # Only now the discovery API: an unsynced cache would answer an empty list

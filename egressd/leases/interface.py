@@ -9,7 +9,7 @@ seconds since the epoch.
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Protocol
 
 import attrs
@@ -81,6 +81,20 @@ class Cooldown:
     target: str
     until: float
     reason: Result
+
+
+def outlasts(new: Cooldown, old: Cooldown | None) -> bool:
+    """The one "never shorten a cooldown" rule: does `new` end later than `old`?
+
+    A rate_limited report must not cut a ban short, and an old copy of a
+    Proxy's status (a replay, a stale replica) must not lift a newer cooldown;
+    the store and the status writer both decide with this.
+    """
+    return old is None or new.until > old.until
+
+
+CooldownHook = Callable[[Cooldown], Awaitable[None]]
+"""Called by a store with each cooldown a report started or lengthened (persistence)."""
 
 
 @attrs.frozen(kw_only=True)

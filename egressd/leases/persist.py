@@ -1,13 +1,15 @@
 """Cooldowns that survive a restart and reach every replica (SPEC §7).
 
-`PersistentLeaseStore` wraps the in-memory store: every report that starts a
-cooldown is also written to the Proxy's `status.cooldowns` with one merge
-patch (`{"status": {"cooldowns": {"<target or *>": {until, reason}}}}`), which
-also sets the proxy's expired entries to null (pruning). Every Proxy the
-informer delivers (the initial list included) is read back into the store, so
-a restarted replica, or a second one, enforces the same cooldowns. An entry is
+`CooldownWriter` observes the lease store: the store calls its hook with every
+cooldown a report starts, and the writer writes it to the Proxy's
+`status.cooldowns` with one merge patch
+(`{"status": {"cooldowns": {"<target or *>": {until, reason}}}}`), which also
+sets the proxy's expired entries to null (pruning). Every Proxy the informer
+delivers (the initial list included) is read back into the store, so a
+restarted replica, or a second one, enforces the same cooldowns. An entry is
 also pruned when it ends, by a timer, so a proxy nobody reports on or changes
-does not keep an ended cooldown in its status.
+does not keep an ended cooldown in its status. The writer owns the queue, the
+prune timer and the patches; the store owns every rule about cooldowns.
 
 Writes happen in a background task fed by a queue, not in the request: a
 report answers at once (the cooldown is already in force in memory) and a slow
@@ -25,24 +27,17 @@ import datetime as dt
 import heapq
 import logging
 import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
 import attrs
 import trio
 
+from egressd.kube.client import KubeClient
 from egressd.kube.errors import ApiError, ApiUnavailable, Conflict, NotFound
-from egressd.kube.resources import PROXIES, Resource, object_key
-from egressd.leases.interface import (
-    GLOBAL,
-    Candidate,
-    Cooldown,
-    Grant,
-    Refusal,
-    Result,
-    Usage,
-)
-from egressd.leases.store import MemoryLeaseStore
+from egressd.kube.informer import Informer
+from egressd.kube.resources import PROXIES, object_key
+from egressd.leases.interface import GLOBAL, Cooldown, Result, outlasts
 from egressd.model.constants import GLOBAL_COOLDOWN_KEY
 from egressd.model.convert import ModelError, format_time, parse_proxy
 
@@ -63,26 +58,10 @@ CONFLICT_RETRIES = 5
 RawObject = dict[str, Any]
 
 
-# Structural views of egressd.kube's KubeClient and Informer: this layer may not import
-# httpx, even indirectly (import-linter), and needs only these two calls of them.
-class StatusPatcher(Protocol):
-    async def get(
-        self, res: Resource, name: str, *, namespace: str | None = None
-    ) -> dict[str, Any]: ...
+class CooldownSink(Protocol):
+    """Where cooldowns read back from status go: the lease store."""
 
-    async def patch_status(
-        self, res: Resource, name: str, patch: dict[str, Any], *, namespace: str | None = None
-    ) -> dict[str, Any]: ...
-
-
-class ProxyEvents(Protocol):
-    def add_handler(
-        self,
-        *,
-        on_add: Callable[[RawObject], None] | None = None,
-        on_update: Callable[[RawObject, RawObject], None] | None = None,
-        on_delete: Callable[[RawObject], None] | None = None,
-    ) -> None: ...
+    def merge_cooldowns(self, cooldowns: Iterable[Cooldown]) -> None: ...
 
 
 def wire_key(target: str) -> str:
@@ -146,23 +125,24 @@ def cooldown_patch(
     return {"status": {"cooldowns": entries}}
 
 
-class PersistentLeaseStore:
-    """A `LeaseStore` whose cooldowns live in `status.cooldowns` too.
+class CooldownWriter:
+    """Writes the store's cooldowns to `status.cooldowns` and reads them back.
 
-    `lookup(key)` returns the cached raw Proxy (the informer's `get`), used to
-    find entries to prune without a GET per write.
+    `cooldown_started` is the store's cooldown hook. `lookup(key)` returns the
+    cached raw Proxy (the informer's `get`), used to find entries to prune
+    without a GET per write. `clock` is the store's wall clock.
     """
 
     def __init__(
         self,
-        store: MemoryLeaseStore,
         *,
-        client: StatusPatcher,
+        client: KubeClient,
         lookup: Callable[[str], RawObject | None],
+        clock: Callable[[], float],
     ) -> None:
-        self.store = store
         self._client = client
         self._lookup = lookup
+        self._clock = clock
         self._send, self._receive = trio.open_memory_channel[_Write](QUEUE_SIZE)
         self._prune_pending: set[str] = set()
         # (until, proxy key) of every cooldown this replica knows of, for the prune timer.
@@ -171,52 +151,29 @@ class PersistentLeaseStore:
         self._ends_changed = trio.Event()
         self._closing = False
 
-    # --- LeaseStore -----------------------------------------------------------------
-
-    async def acquire(
-        self, candidates: Iterable[Candidate], *, target: str, ttl: float
-    ) -> Grant | Refusal:
-        return await self.store.acquire(candidates, target=target, ttl=ttl)
-
-    async def release(self, lease_id: str) -> None:
-        await self.store.release(lease_id)
-
-    async def report(
-        self,
-        lease_id: str,
-        *,
-        result: Result,
-        target: str | None = None,
-        retry_after: float | None = None,
-    ) -> Cooldown | None:
-        cooldown = await self.store.report(
-            lease_id, result=result, target=target, retry_after=retry_after)
-        if cooldown is not None:
-            self._remember_end(cooldown)
-            write = _Write(key=cooldown.key, cooldown=cooldown)
-            if self._closing:
-                # The writer has stopped (shutdown, while the HTTP servers drain): write
-                # from the request itself so a report answered at shutdown is not lost.
-                await self._write(write)
-            else:
-                self._enqueue(write)
-        return cooldown
-
-    async def usage(self, keys: Iterable[str]) -> Mapping[str, Usage]:
-        return await self.store.usage(keys)
+    async def cooldown_started(self, cooldown: Cooldown) -> None:
+        """The store's hook: queue the write of a cooldown it has just put in force."""
+        self._remember_end(cooldown)
+        write = _Write(key=cooldown.key, cooldown=cooldown)
+        if self._closing:
+            # The writer has stopped (shutdown, while the HTTP servers drain): write
+            # from the request itself so a report answered at shutdown is not lost.
+            await self._write(write)
+        else:
+            self._enqueue(write)
 
     # --- reading back ---------------------------------------------------------------
 
-    def load(self, obj: RawObject) -> None:
-        """Adopt the cooldowns of one Proxy; queue a prune if some have ended."""
+    def load(self, obj: RawObject, store: CooldownSink) -> None:
+        """Hand the cooldowns of one Proxy to `store`; queue a prune if some have ended."""
         try:
             recorded = cooldowns_in(obj)
         except ModelError as exc:
             log.warning("cannot read cooldowns", extra={"proxy": object_key(obj),
                                                         "error": str(exc)})
             return
-        self.store.merge_cooldowns(recorded.values())
-        now = self.store.now()
+        store.merge_cooldowns(recorded.values())
+        now = self._clock()
         key = object_key(obj)
         for cd in recorded.values():
             if cd.until > now:
@@ -224,9 +181,10 @@ class PersistentLeaseStore:
         if any(cd.until <= now for cd in recorded.values()):
             self._prune(key)
 
-    def attach(self, informer: ProxyEvents) -> None:
-        """Load every cached Proxy now and every one the informer delivers later."""
-        informer.add_handler(on_add=self.load, on_update=lambda _old, new: self.load(new))
+    def attach(self, informer: Informer, store: CooldownSink) -> None:
+        """Load every Proxy the informer delivers (its first list included) into `store`."""
+        informer.add_handler(on_add=lambda obj: self.load(obj, store),
+                             on_update=lambda _old, new: self.load(new, store))
 
     # --- writing --------------------------------------------------------------------
 
@@ -248,7 +206,7 @@ class PersistentLeaseStore:
     async def _prune_when_ended(self) -> None:
         """Queue a prune of each proxy's status as soon as one of its cooldowns ends."""
         while True:
-            now = self.store.now()
+            now = self._clock()
             while self._ends and self._ends[0][0] <= now:
                 end = heapq.heappop(self._ends)
                 self._ends_seen.discard(end)
@@ -339,11 +297,9 @@ class PersistentLeaseStore:
             except ModelError:
                 recorded = {}
         new = write.cooldown
-        if new is not None:
-            old = recorded.get(new.target)
-            if old is not None and old.until >= new.until:
-                new = None  # at least as long a cooldown is recorded already
-        patch = cooldown_patch(new, recorded.values(), now=self.store.now())
+        if new is not None and not outlasts(new, recorded.get(new.target)):
+            new = None  # at least as long a cooldown is recorded already
+        patch = cooldown_patch(new, recorded.values(), now=self._clock())
         if patch is not None and resource_version:
             patch["metadata"] = {"resourceVersion": resource_version}
         return patch

@@ -30,12 +30,14 @@ from egressd.leases.interface import (
     GLOBAL,
     Candidate,
     Cooldown,
+    CooldownHook,
     Grant,
     Lease,
     Refusal,
     Result,
     UnknownLeaseError,
     Usage,
+    outlasts,
 )
 from egressd.settings import Settings
 
@@ -58,9 +60,10 @@ class _Record:
 class MemoryLeaseStore:
     """Leases and cooldowns of one process; satisfies `LeaseStore`.
 
-    Every public method runs to completion without an await, so on the trio
-    thread each one is atomic: select-then-insert in `acquire` cannot interleave
-    with another request, and no lock is needed.
+    Every method changes its state without an await, so on the trio thread each
+    change is atomic: select-then-insert in `acquire` cannot interleave with
+    another request, and no lock is needed. The only await is `report`'s call of
+    the cooldown hook, after its cooldown is already in force.
     """
 
     def __init__(
@@ -73,6 +76,7 @@ class MemoryLeaseStore:
         sweep_interval: float = 5.0,
         clock: Callable[[], float] = time.time,
         on_proxy_error: Callable[[str], None] | None = None,
+        on_cooldown: CooldownHook | None = None,
     ) -> None:
         self._cooldown = cooldown
         self._ban_cooldown = ban_cooldown
@@ -84,6 +88,8 @@ class MemoryLeaseStore:
         # Called with the proxy key of each lease's first proxy_error report (SPEC §7:
         # it counts as a failed probe); must not block or raise.
         self._on_proxy_error = on_proxy_error
+        # Persistence observes the store through this hook (egressd.leases.persist).
+        self._on_cooldown = on_cooldown
         self._leases: dict[str, _Record] = {}
         self._active: dict[str, int] = {}
         # (expires_at, lease id) of every lease granted and not yet expired or released;
@@ -98,6 +104,7 @@ class MemoryLeaseStore:
     def from_settings(
         cls, settings: Settings, *, clock: Callable[[], float] = time.time,
         on_proxy_error: Callable[[str], None] | None = None,
+        on_cooldown: CooldownHook | None = None,
     ) -> MemoryLeaseStore:
         return cls(
             cooldown=settings.cooldown,
@@ -105,38 +112,16 @@ class MemoryLeaseStore:
             max_cooldown=settings.max_cooldown,
             clock=clock,
             on_proxy_error=on_proxy_error,
+            on_cooldown=on_cooldown,
         )
 
     def now(self) -> float:
         """The store's wall clock, in seconds since the epoch."""
         return self._clock()
 
-    # --- LeaseStore -----------------------------------------------------------------
+    # --- LeaseStore (no method awaits before its state change is done) --------------
 
     async def acquire(
-        self, candidates: Iterable[Candidate], *, target: str, ttl: float
-    ) -> Grant | Refusal:
-        return self.acquire_now(candidates, target=target, ttl=ttl)
-
-    async def release(self, lease_id: str) -> None:
-        self.release_now(lease_id)
-
-    async def report(
-        self,
-        lease_id: str,
-        *,
-        result: Result,
-        target: str | None = None,
-        retry_after: float | None = None,
-    ) -> Cooldown | None:
-        return self.report_now(lease_id, result=result, target=target, retry_after=retry_after)
-
-    async def usage(self, keys: Iterable[str]) -> Mapping[str, Usage]:
-        return self.usage_now(keys)
-
-    # --- the same, synchronously (the async wrappers above add no await) ----------------
-
-    def acquire_now(
         self, candidates: Iterable[Candidate], *, target: str, ttl: float
     ) -> Grant | Refusal:
         """Select the best candidate and insert its lease in one step.
@@ -179,7 +164,7 @@ class MemoryLeaseStore:
         metrics.LEASES_ACTIVE.inc()
         return Grant(lease=lease, active_leases=active)
 
-    def release_now(self, lease_id: str) -> None:
+    async def release(self, lease_id: str) -> None:
         now = self._clock()
         self._expire(now)
         rec = self._leases.get(lease_id)
@@ -187,7 +172,7 @@ class MemoryLeaseStore:
             # Kept like an expired lease: a client may release first and report after.
             self._deactivate(rec, forget_at=now + self._retention)
 
-    def report_now(
+    async def report(
         self,
         lease_id: str,
         *,
@@ -221,11 +206,14 @@ class MemoryLeaseStore:
         # Whole seconds (rounded up): the RFC 3339 copy in status.cooldowns then reads
         # back as exactly this value, and a cooldown is never cut short by rounding.
         until = float(math.ceil(now + duration))
-        return self._set_cooldown(
-            Cooldown(key=rec.lease.key, target=scope, until=until, reason=result)
-        )
+        new = Cooldown(key=rec.lease.key, target=scope, until=until, reason=result)
+        kept = self._set_cooldown(new)
+        if kept is new and self._on_cooldown is not None:
+            # After the state change: the cooldown holds here whatever the hook does.
+            await self._on_cooldown(new)
+        return kept
 
-    def usage_now(self, keys: Iterable[str]) -> dict[str, Usage]:
+    async def usage(self, keys: Iterable[str]) -> Mapping[str, Usage]:
         now = self._clock()
         self._expire(now)
         out: dict[str, Usage] = {}
@@ -329,12 +317,12 @@ class MemoryLeaseStore:
     def _set_cooldown(self, cd: Cooldown) -> Cooldown:
         cds = self._cooldowns.setdefault(cd.key, {})
         old = cds.get(cd.target)
+        if not outlasts(cd, old):
+            assert old is not None
+            return old
         if old is None:
             self._cooldown_count += 1
             metrics.COOLDOWNS_ACTIVE.inc()
-        elif old.until >= cd.until:
-            # Never shorten: a rate_limited report must not cut a ban short.
-            return old
         cds[cd.target] = cd
         return cd
 

@@ -17,6 +17,7 @@ import trio
 
 from egressd.http.discovery import create_discovery_app
 from egressd.http.serve import serve_app
+from egressd.leases.interface import CooldownHook
 from egressd.leases.store import MemoryLeaseStore
 from egressd.model.convert import parse_proxy
 from egressd.model.proxy import Proxy
@@ -92,12 +93,12 @@ def make_proxy(
     })
 
 
-def make_store(**kw: float) -> MemoryLeaseStore:
+def make_store(*, on_cooldown: CooldownHook | None = None, **kw: float) -> MemoryLeaseStore:
     args: dict[str, float] = {"cooldown": 600.0, "ban_cooldown": 3600.0, "max_cooldown": 3600.0}
     args.update(kw)
     return MemoryLeaseStore(
         cooldown=args["cooldown"], ban_cooldown=args["ban_cooldown"],
-        max_cooldown=args["max_cooldown"], clock=trio_wall)
+        max_cooldown=args["max_cooldown"], clock=trio_wall, on_cooldown=on_cooldown)
 
 
 @contextlib.asynccontextmanager

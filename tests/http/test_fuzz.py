@@ -68,8 +68,8 @@ async def test_no_5xx_and_4xx_changes_nothing() -> None:
     store = MemoryLeaseStore(cooldown=600, ban_cooldown=3600, max_cooldown=3600,
                              clock=lambda: EPOCH)
 
-    def state() -> Any:
-        usage = store.usage_now(["crawl/a", "crawl/b"])
+    async def state() -> Any:
+        usage = await store.usage(["crawl/a", "crawl/b"])
         return store.remembered(), usage
 
     with trio.fail_after(100):
@@ -84,7 +84,7 @@ async def test_no_5xx_and_4xx_changes_nothing() -> None:
             def one_request(route: tuple[str, str], query: dict[str, str], body: bytes,
                             auth: bool) -> None:
                 method, path = route[0], route[1].replace(LEASE, lease_id)
-                before = trio.from_thread.run_sync(state)
+                before = trio.from_thread.run(state)
                 headers = {"Authorization": f"Bearer {TOKEN}"} if auth else {}
                 r = http.request(method, base.rstrip("/") + path, params=query, content=body,
                                  headers=headers)
@@ -93,7 +93,7 @@ async def test_no_5xx_and_4xx_changes_nothing() -> None:
                     payload = r.json()
                     assert isinstance(payload.get("error"), str), r.text
                     assert isinstance(payload.get("message"), str), r.text
-                    assert trio.from_thread.run_sync(state) == before, (method, path, body)
+                    assert trio.from_thread.run(state) == before, (method, path, body)
 
             with httpx.Client(timeout=10) as http:
                 await trio.to_thread.run_sync(one_request)

@@ -12,9 +12,9 @@ from egressd.http.source import InformerProxySource
 from egressd.kube.client import KubeClient
 from egressd.kube.informer import Informer
 from egressd.kube.resources import PROXIES
-from egressd.leases.persist import PersistentLeaseStore
+from egressd.leases.persist import CooldownWriter
 from egressd.sandbox.apiserver import FakeApiServer
-from tests.http.support import make_store, running
+from tests.http.support import make_store, running, trio_wall
 
 
 def proxy(name: str, region: str) -> dict[str, Any]:
@@ -37,15 +37,16 @@ async def test_list_lease_report_over_the_informer(
     await kube_client.patch_status(PROXIES, "eu-a", HEALTHY, namespace="default")
     informer = Informer(PROXIES, relist_backoff=(0.05, 0.2))
     source = InformerProxySource(informer)
-    store = PersistentLeaseStore(make_store(), client=kube_client, lookup=informer.get)
+    writer = CooldownWriter(client=kube_client, lookup=informer.get, clock=trio_wall)
+    store = make_store(on_cooldown=writer.cooldown_started)
     app = create_discovery_app(source, store=store, default_ttl=300, max_ttl=3600, token=None)
     with trio.fail_after(20):
         async with trio.open_nursery() as nursery:
             async with running(create_ops_app(source)) as ops:
                 assert (await ops.get("/readyz")).status_code == 503
                 await nursery.start(informer.run, kube_client)
-                store.attach(informer)
-                await nursery.start(store.run)
+                writer.attach(informer, store)
+                await nursery.start(writer.run)
                 assert (await ops.get("/readyz")).status_code == 200
                 # One more proxy through the watch, after the (sorted) initial list.
                 added = trio.Event()

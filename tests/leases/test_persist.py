@@ -1,7 +1,7 @@
 """Cooldowns persisted to status.cooldowns, through the fake API server (SPEC §7, item 2).
 
-Each "replica" is an Informer on Proxies plus a fresh in-memory store wrapped in
-a PersistentLeaseStore, exactly as the daemon composes them. The stores' wall
+Each "replica" is an Informer on Proxies plus a fresh in-memory store observed
+by a CooldownWriter, exactly as the daemon composes them. The stores' wall
 clock is trio's clock plus an offset the tests move to make cooldowns end
 (the API server and its watches keep running on real time).
 """
@@ -18,7 +18,7 @@ from egressd.kube.client import KubeClient
 from egressd.kube.informer import Informer
 from egressd.kube.resources import PROXIES
 from egressd.leases import Candidate, Grant, Refusal, Result
-from egressd.leases.persist import PersistentLeaseStore
+from egressd.leases.persist import CooldownWriter
 from egressd.leases.store import MemoryLeaseStore
 from egressd.model.convert import parse_time
 from egressd.sandbox.apiserver import FakeApiServer
@@ -66,23 +66,31 @@ class Watcher:
             await self._changed.wait()
 
 
+def persisted_store(
+    client: KubeClient, wall: Wall, lookup: Callable[[str], dict[str, Any] | None],
+) -> tuple[MemoryLeaseStore, CooldownWriter]:
+    """A store and the writer observing it, composed as the daemon does."""
+    writer = CooldownWriter(client=client, lookup=lookup, clock=wall)
+    store = MemoryLeaseStore(cooldown=600, ban_cooldown=3600, max_cooldown=3600, clock=wall,
+                             on_cooldown=writer.cooldown_started)
+    return store, writer
+
+
 @asynccontextmanager
 async def replica(client: KubeClient, wall: Wall) -> AsyncIterator[
-        tuple[PersistentLeaseStore, Watcher]]:
+        tuple[MemoryLeaseStore, Watcher]]:
     informer = Informer(PROXIES, relist_backoff=(0.05, 0.2))
-    store = PersistentLeaseStore(
-        MemoryLeaseStore(cooldown=600, ban_cooldown=3600, max_cooldown=3600, clock=wall),
-        client=client, lookup=informer.get)
+    store, writer = persisted_store(client, wall, informer.get)
     async with trio.open_nursery() as nursery:
         await nursery.start(informer.run, client)
         watcher = Watcher(informer)
-        store.attach(informer)
-        await nursery.start(store.run)
+        writer.attach(informer, store)
+        await nursery.start(writer.run)
         yield store, watcher
         nursery.cancel_scope.cancel()
 
 
-async def lease(store: PersistentLeaseStore, key: str, target: str = "") -> str:
+async def lease(store: MemoryLeaseStore, key: str, target: str = "") -> str:
     outcome = await store.acquire([Candidate(key=key, max_leases=10)], target=target, ttl=60)
     assert isinstance(outcome, Grant), outcome
     return outcome.lease.id
@@ -108,7 +116,7 @@ async def test_report_restart_cooldown_still_holds(
 
         # A restart: a fresh informer and an empty store.
         async with replica(kube_client, wall) as (second, _):
-            restored = second.store.cooldowns("default/a")
+            restored = second.cooldowns("default/a")
             assert restored[""] == cd_global
             assert restored["shop.example"] == cd_target
             for target in ("", "shop.example", "other.example"):
@@ -130,7 +138,7 @@ async def test_second_replica_sees_reports_and_reports_never_overwrite(
             await two.report(await lease(two, "default/a", "y.example"),
                              result=Result.BANNED)
             await seen_by_two.until("default/a", lambda c: set(c) == {"x.example", "y.example"})
-            assert set(two.store.cooldowns("default/a")) == {"x.example", "y.example"}
+            assert set(two.cooldowns("default/a")) == {"x.example", "y.example"}
             refused = await two.acquire(
                 [Candidate(key="default/a", max_leases=10)], target="x.example", ttl=60)
             assert isinstance(refused, Refusal) and refused.in_cooldown == 1
@@ -160,7 +168,7 @@ async def test_expired_entries_are_pruned(
                 PROXIES, "b", {"status": {"cooldowns": {"*": ended}}}, namespace="default")
             await seen.until("default/b", lambda c: c == {} and ("default/b", {"*": ended})
                              in seen.history)
-            assert store.store.cooldowns("default/b") == {}
+            assert store.cooldowns("default/b") == {}
 
 
 async def test_an_ended_cooldown_is_pruned_without_any_event(
@@ -178,7 +186,7 @@ async def test_an_ended_cooldown_is_pruned_without_any_event(
             await seen.until("default/a", lambda c: "quick.example" in c)
             await seen.until("default/a", lambda c: c == {})
             assert wall() >= cd.until
-            assert store.store.cooldowns("default/a") == {}
+            assert store.cooldowns("default/a") == {}
 
 
 async def test_a_stale_replica_never_shortens_a_recorded_cooldown(
@@ -196,12 +204,9 @@ async def test_a_stale_replica_never_shortens_a_recorded_cooldown(
             assert ban is not None
             await seen.until("default/a", lambda c: "x.example" in c)
 
-            two = PersistentLeaseStore(
-                MemoryLeaseStore(cooldown=600, ban_cooldown=3600, max_cooldown=3600,
-                                 clock=wall),
-                client=kube_client, lookup=lambda _key: stale)
+            two, two_writer = persisted_store(kube_client, wall, lambda _key: stale)
             async with trio.open_nursery() as nursery:
-                await nursery.start(two.run)
+                await nursery.start(two_writer.run)
                 await two.report(await lease(two, "default/a", "x.example"),
                                  result=Result.RATE_LIMITED, retry_after=30)
                 # Writes are sequential: once this one shows, the one above is done.
@@ -221,12 +226,10 @@ async def test_cooldowns_reported_at_shutdown_are_still_written(
     # one answered while the HTTP servers drain after it stopped (SPEC §7).
     apiserver.create(proxy("a"))
     wall = Wall()
-    store = PersistentLeaseStore(
-        MemoryLeaseStore(cooldown=600, ban_cooldown=3600, max_cooldown=3600, clock=wall),
-        client=kube_client, lookup=lambda _key: None)
+    store, writer = persisted_store(kube_client, wall, lambda _key: None)
     with trio.fail_after(20):
         async with trio.open_nursery() as nursery:
-            await nursery.start(store.run)
+            await nursery.start(writer.run)
             # No checkpoint between the report and the cancel: the write is still queued.
             await store.report(await lease(store, "default/a", "queued.example"),
                                result=Result.BANNED)
