@@ -57,9 +57,9 @@ def _wait_ready(proc: subprocess.Popen[bytes], log: Path, marker: str) -> bool:
 
 
 @contextmanager
-def run_squid(*, access: str = "allow all") -> Iterator[ProxyProcess]:
-    """A Squid on 127.0.0.1 with `http_access <access>`; SIGKILLed at exit
-    (a clean stop takes ~2 s even with shutdown_lifetime 0)."""
+def run_squid(*, access: str = "allow all", extra: str = "") -> Iterator[ProxyProcess]:
+    """A Squid on 127.0.0.1 with `http_access <access>` (and `extra` config lines);
+    SIGKILLed at exit (a clean stop takes ~2 s even with shutdown_lifetime 0)."""
     binary = find_binary("squid")
     assert binary is not None
     work = Path(tempfile.mkdtemp(prefix="egressd-squid-"))
@@ -85,6 +85,7 @@ def run_squid(*, access: str = "allow all") -> Iterator[ProxyProcess]:
                 "pinger_enable off\n"
                 "shutdown_lifetime 0 seconds\n"
                 f"http_access {access}\n"
+                + extra
             )
             proc = subprocess.Popen([binary, "-N", "-f", str(conf)],
                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -101,8 +102,10 @@ def run_squid(*, access: str = "allow all") -> Iterator[ProxyProcess]:
 
 
 @contextmanager
-def run_tinyproxy(*, connect_ports: tuple[int, ...] = ()) -> Iterator[ProxyProcess]:
-    """A tinyproxy on 127.0.0.1; `connect_ports` restricts CONNECT to those ports."""
+def run_tinyproxy(*, connect_ports: tuple[int, ...] = (), extra: str = ""
+                  ) -> Iterator[ProxyProcess]:
+    """A tinyproxy on 127.0.0.1; `connect_ports` restricts CONNECT to those ports;
+    `extra` is more config lines."""
     binary = find_binary("tinyproxy")
     assert binary is not None
     work = Path(tempfile.mkdtemp(prefix="egressd-tinyproxy-"))
@@ -115,6 +118,7 @@ def run_tinyproxy(*, connect_ports: tuple[int, ...] = ()) -> Iterator[ProxyProce
                 f"Port {port}\nListen 127.0.0.1\nAllow 127.0.0.1\nLogLevel Info\n"
                 f'LogFile "{log}"\nMaxClients 100\n'
                 + "".join(f"ConnectPort {p}\n" for p in connect_ports)
+                + extra
             )
             proc = subprocess.Popen([binary, "-d", "-c", str(conf)],
                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
