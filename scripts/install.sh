@@ -25,3 +25,5 @@ fi
 
 [ -x .venv/bin/python ] || python3 -m venv .venv
 .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test,dev,sandbox]'
+# The crawler client is its own distribution (client/, httpx only); Scrapy support is its extra.
+.venv/bin/python -m pip install -q --disable-pip-version-check -e './client[scrapy]'

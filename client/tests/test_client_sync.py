@@ -9,7 +9,6 @@ import httpx
 import pytest
 import requests
 from client_world import World
-
 from egressd_client import (
     Client,
     EgressdUnavailable,
@@ -18,6 +17,7 @@ from egressd_client import (
     RetryPolicy,
     Unauthorized,
 )
+
 from tests.health.peers import closed_port
 
 POOL = {"pool": "test"}
@@ -88,9 +88,9 @@ def test_a_403_is_a_ban_for_that_target_only(world: World) -> None:
 def test_a_timeout_through_the_proxy_reports_proxy_error_and_releases(world: World) -> None:
     needs_proxy_error(world)
     before = world.reports("proxy_error")
-    with client(world) as egressd, pytest.raises(httpx.ReadTimeout):  # noqa: PT012
-        with egressd.lease(selector=POOL, target="slow.test") as lease:
-            httpx.get(f"{world.site_url}/slow", proxy=lease.proxy_url, timeout=0.5)
+    with (client(world) as egressd, pytest.raises(httpx.ReadTimeout),
+          egressd.lease(selector=POOL, target="slow.test") as lease):
+        httpx.get(f"{world.site_url}/slow", proxy=lease.proxy_url, timeout=0.5)
     assert world.reports("proxy_error") == before + 1
     assert lease.reported is Result.PROXY_ERROR
     assert world.active_leases() == 0
@@ -98,9 +98,9 @@ def test_a_timeout_through_the_proxy_reports_proxy_error_and_releases(world: Wor
 
 def test_an_error_of_the_callers_own_reports_nothing_and_releases(world: World) -> None:
     before = {r: world.reports(r) for r in ("ok", "banned", "rate_limited")}
-    with client(world) as egressd, pytest.raises(KeyError):  # noqa: PT012
-        with egressd.lease(selector=POOL, target="own.test"):
-            raise KeyError("the caller's bug")
+    with (client(world) as egressd, pytest.raises(KeyError),
+          egressd.lease(selector=POOL, target="own.test")):
+        raise KeyError("the caller's bug")
     assert {r: world.reports(r) for r in before} == before
     assert world.active_leases() == 0
 
@@ -137,7 +137,7 @@ def test_a_wrong_token_is_one_clear_error(world: World) -> None:
 def test_no_egressd_is_one_clear_error_after_bounded_retries() -> None:
     url = f"http://127.0.0.1:{closed_port()}"
     fast = RetryPolicy(attempts=3, base_delay=0.01, max_delay=0.02)
-    with Client(url, token="t", timeout=2, retry=fast) as egressd:
-        with pytest.raises(EgressdUnavailable) as e:
-            egressd.acquire()
+    with (Client(url, token="t", timeout=2, retry=fast) as egressd,
+          pytest.raises(EgressdUnavailable) as e):
+        egressd.acquire()
     assert url in str(e.value) and "unreachable" in str(e.value)
