@@ -16,7 +16,7 @@ from typing import Any
 import attrs
 
 from egressd.leases import GLOBAL, Cooldown, Result, Usage
-from egressd.model.constants import GLOBAL_COOLDOWN_KEY
+from egressd.model.constants import GLOBAL_COOLDOWN_KEY, Phase
 from egressd.model.convert import format_time
 from egressd.model.helpers import effective_host, effective_port, is_healthy, max_leases
 from egressd.model.proxy import Proxy
@@ -197,9 +197,15 @@ def matches(proxy: Proxy, selector: Mapping[str, str]) -> bool:
 
 
 def leasable(proxy: Proxy) -> bool:
-    """SPEC §7: a host, a healthy verdict and no deletionTimestamp."""
+    """SPEC §7: phase Ready, a host, a healthy verdict and no deletionTimestamp.
+
+    The phase is checked as well as the condition: a Healthy condition left
+    from before a proxy went Failed, Deleting or Provisioning is stale, and
+    any phase but Ready (a future Draining included) is never leased.
+    """
     return (
-        proxy.metadata.deletion_timestamp is None
+        proxy.status.phase is Phase.READY
+        and proxy.metadata.deletion_timestamp is None
         and is_healthy(proxy) is True
         and effective_host(proxy) is not None
     )

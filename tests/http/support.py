@@ -65,8 +65,12 @@ def make_proxy(
     latency: int | None = None,
     max_leases: int | None = None,
     deleting: bool = False,
+    phase: str | None = None,
 ) -> Proxy:
-    """A Proxy as the informer would hand it over. host=None makes a Managed proxy with no IP."""
+    """A Proxy as the informer would hand it over. host=None makes a Managed proxy with no IP.
+
+    `phase` overrides the phase the health verdict implies.
+    """
     spec: dict[str, Any] = {"port": port, "attributes": attributes or {}}
     if host is None:
         spec.update(mode="Managed", provider="in-cluster")
@@ -87,6 +91,8 @@ def make_proxy(
     if deleting:
         metadata["deletionTimestamp"] = "2026-01-01T00:00:00Z"
         status["phase"] = "Deleting"
+    if phase is not None:  # a phase the condition does not explain (a stale condition)
+        status["phase"] = phase
     return parse_proxy({
         "apiVersion": "crawl.example.com/v1alpha1", "kind": "Proxy",
         "metadata": metadata, "spec": spec, "status": status,

@@ -205,6 +205,29 @@ async def test_409_arithmetic() -> None:
             assert (r.json()["considered"], r.json()["unhealthy"]) == (0, 0)
 
 
+async def test_only_ready_proxies_are_leased_whatever_a_stale_condition_says() -> None:
+    # Issue 11 item 3 / SPEC §7: every one of these still carries Healthy=True (a condition
+    # left from before its phase changed), a host and no deletionTimestamp.
+    stale = ["Failed", "Deleting", "Provisioning", "Pending", "Unhealthy"]
+    source = MemorySource(
+        [make_proxy(f"stale-{phase.lower()}", phase=phase, latency=1, attributes={"pool": "a"})
+         for phase in stale]
+        + [make_proxy("ready", latency=900, max_leases=2, attributes={"pool": "a"})])
+    with trio.fail_after(10):
+        async with discovery(source) as client:
+            for _ in range(2):  # the slowest proxy, because it is the only Ready one
+                r = await lease(client, {"selector": {"pool": "a"}})
+                assert r.status_code == 201 and r.json()["proxy"]["name"] == "ready"
+            r = await lease(client, {"selector": {"pool": "a"}})
+            assert r.status_code == 409
+            body = r.json()
+            assert (body["considered"], body["unhealthy"], body["atCapacity"],
+                    body["inCooldown"]) == (6, 5, 1, 0)
+            # The listing still shows them as the cache has them.
+            items = (await call(client, "GET", "/v1/proxies")).json()["items"]
+            assert sorted(p["phase"] for p in items) == sorted([*stale, "Ready"])
+
+
 async def test_ttl_rules() -> None:
     with trio.fail_after(10):
         async with discovery(MemorySource([make_proxy("a")]), max_ttl=600) as client:
