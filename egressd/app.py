@@ -28,9 +28,10 @@ from collections.abc import Iterable, Mapping
 import attrs
 import trio
 
+from egressd.control.feed import feed_queue
 from egressd.control.gc import run_orphan_gc
 from egressd.control.queue import WorkQueue
-from egressd.control.reconciler import Reconciler, feed_queue
+from egressd.control.reconciler import Reconciler
 from egressd.durations import format_duration
 from egressd.errors import ConfigError
 from egressd.health.engine import HealthEngine

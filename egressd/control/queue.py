@@ -105,9 +105,11 @@ class WorkQueue(Generic[K]):
         failures = self._failures.get(key, 0)
         return float(min(self._base_delay * 2.0 ** min(failures, 62), self._max_delay))
 
-    def add_rate_limited(self, key: K) -> float:
-        """Queue `key` after its per-key backoff, and lengthen the backoff. Returns the delay."""
-        delay = self.backoff(key)
+    def add_rate_limited(self, key: K, *, at_least: float = 0.0) -> float:
+        """Queue `key` after its per-key backoff, lengthened to `at_least` seconds (a
+        server's Retry-After, bounded by the maximum delay), and lengthen the backoff.
+        Returns the delay."""
+        delay = max(self.backoff(key), min(at_least, self._max_delay))
         self._failures[key] = self._failures.get(key, 0) + 1
         WORKQUEUE_RETRIES.inc()
         self.add_after(key, delay)

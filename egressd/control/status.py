@@ -30,6 +30,9 @@ REASON_INSTANCE_MISSING = "InstanceMissing"
 REASON_INSTANCE_STOPPED = "InstanceStopped"
 REASON_CLOUD_INIT_UNRESOLVED = "CloudInitUnresolved"
 REASON_PERMANENT_FAILURE = "PermanentFailure"
+# This daemon's configuration cannot serve the Proxy (no such provider, no
+# credentials or permission): a condition, never a latch (docs/decisions.md).
+REASON_PROVIDER_NOT_CONFIGURED = "ProviderNotConfigured"
 REASON_QUOTA_EXCEEDED = "QuotaExceeded"
 # Reasons of the Healthy condition.
 REASON_PROBE_SUCCEEDED = "ProbeSucceeded"
@@ -79,16 +82,24 @@ def is_failed(conditions: Sequence[Condition], *, generation: int) -> bool:
             and cond.observed_generation == generation)
 
 
+def not_configured(conditions: Sequence[Condition]) -> bool:
+    """Provisioned is False because this daemon's configuration cannot serve the Proxy."""
+    cond = find(conditions, COND_PROVISIONED)
+    return (cond is not None and cond.status == STATUS_FALSE
+            and cond.reason == REASON_PROVIDER_NOT_CONFIGURED)
+
+
 def compute_phase(conditions: Sequence[Condition], *, generation: int,
                   deleting: bool) -> Phase:
-    """SPEC §3, in order: Deleting; Failed; Provisioning while Provisioned is not
-    True or there is no health verdict yet (never Ready unprobed); Ready or Unhealthy.
+    """SPEC §3, in order: Deleting; Failed (latched, or not configured here);
+    Provisioning while Provisioned is not True or there is no health verdict yet
+    (never Ready unprobed); Ready or Unhealthy.
 
     `Pending` is never derived: an object no pass has seen has no phase at all.
     """
     if deleting:
         return Phase.DELETING
-    if is_failed(conditions, generation=generation):
+    if is_failed(conditions, generation=generation) or not_configured(conditions):
         return Phase.FAILED
     provisioned = find(conditions, COND_PROVISIONED)
     healthy = find(conditions, COND_HEALTHY)

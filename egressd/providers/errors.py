@@ -5,6 +5,8 @@ branch with `isinstance` (or the predicates below), never on a message:
 
 * `NotFound` — the instance does not exist;
 * `Permanent` — the request can never succeed as made (bad input, forbidden);
+  `NotConfigured`, one kind of it, when the fault is this daemon's
+  configuration (no such provider, no credentials or permission), not the request;
 * `QuotaExceeded` — out of quota or capacity: retry after `retry_after` (5 min);
 * `Transient` — anything else: retry with exponential backoff.
 
@@ -51,6 +53,13 @@ class Permanent(ProviderError):
     """
 
 
+class NotConfigured(Permanent):
+    """The daemon's configuration cannot serve the request: the provider is unknown, or
+    lacks credentials or permission. A daemon configured otherwise may succeed with the
+    very same request, so callers must not hold it against the request itself.
+    """
+
+
 class QuotaExceeded(ProviderError):
     """The provider is out of quota or capacity (GCP quota, a zone's exhausted pool).
 
@@ -68,7 +77,7 @@ class Transient(ProviderError):
     """
 
 
-class UnknownProvider(Permanent):
+class UnknownProvider(NotConfigured):
     """A Proxy names a provider that the providers config does not list."""
 
 
@@ -80,6 +89,11 @@ def is_not_found(exc: BaseException) -> bool:
 def is_permanent(exc: BaseException) -> bool:
     """True if retrying the same request cannot help."""
     return isinstance(exc, Permanent)
+
+
+def is_not_configured(exc: BaseException) -> bool:
+    """True if the daemon's configuration, not the request, is at fault."""
+    return isinstance(exc, NotConfigured)
 
 
 def is_quota(exc: BaseException) -> bool:

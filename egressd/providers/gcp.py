@@ -40,6 +40,7 @@ from egressd.providers.config import REGION_RE, ZONE_RE, GcpConfig
 from egressd.providers.contract import CreateRequest, Instance, InstanceState, Placement
 from egressd.providers.errors import (
     QUOTA_RETRY_AFTER,
+    NotConfigured,
     NotFound,
     Permanent,
     ProviderError,
@@ -157,7 +158,7 @@ def resolve_target(config: GcpConfig, placement: Placement, *, project: str | No
     `project` is the config's project or else the credentials' project.
     """
     if not project:
-        raise Permanent("gcp.project: no project configured and the credentials name none")
+        raise NotConfigured("gcp.project: no project configured and the credentials name none")
     zone = placement.zone or config.zone
     if not ZONE_RE.match(zone):
         field = "placement.zone" if placement.zone else "gcp.zone"
@@ -273,6 +274,10 @@ def classify(status: int, reasons: set[str], message: str, *,
     # metadata-server or clock hiccup more often than a revoked key.
     if status in (401, 408, 409, 412, 429) or status >= 500:
         return Transient(message, retry_after=retry_after)
+    if status == 403:
+        # Permission denied or the API not enabled: the daemon's credentials or
+        # project are at fault, not the request.
+        return NotConfigured(message)
     if 400 <= status < 500:
         return Permanent(message)
     return Transient(message)
@@ -548,7 +553,7 @@ class GcpProvider:
     async def list_by_labels(self, labels: Mapping[str, str], /) -> list[Instance]:
         project = self.project
         if not project:
-            raise Permanent("gcp.project: no project configured and the credentials name none")
+            raise NotConfigured("gcp.project: no project configured and the credentials name none")
         query = label_filter(labels)
         found: list[Instance] = []
         token: str | None = None

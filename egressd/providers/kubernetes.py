@@ -24,6 +24,7 @@ from egressd.kube.resources import PODS
 from egressd.providers.config import PRIVATE_SOURCES, KubernetesConfig
 from egressd.providers.contract import CreateRequest, Instance, InstanceState
 from egressd.providers.errors import (
+    NotConfigured,
     NotFound,
     Permanent,
     ProviderError,
@@ -226,7 +227,11 @@ def map_error(exc: Exception, what: str) -> ProviderError:
             # A ResourceQuota refusal is a 403 too; only its message tells it
             # apart from RBAC, and it clears when other Pods go away.
             return QuotaExceeded(message)
-        case kube_errors.Forbidden() | kube_errors.Invalid() | kube_errors.BadRequest():
+        case kube_errors.Forbidden():
+            # RBAC or admission refusing egressd's own request: this daemon's
+            # ServiceAccount or the provider's namespace, not the Proxy, is at fault.
+            return NotConfigured(message)
+        case kube_errors.Invalid() | kube_errors.BadRequest():
             return Permanent(message)
         case kube_errors.TooManyRequests():
             return Transient(message, retry_after=exc.retry_after)

@@ -7,8 +7,8 @@ from functools import partial
 
 import trio
 
+from egressd.control.feed import SecretRefIndex, feed_queue, needs_pass, secret_ref_key
 from egressd.control.queue import WorkQueue
-from egressd.control.reconciler import SecretRefIndex, feed_queue, needs_pass, secret_ref_key
 from egressd.kube.client import KubeClient
 from egressd.kube.informer import Informer
 from egressd.kube.resources import PROXIES, SECRETS

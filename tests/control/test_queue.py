@@ -81,6 +81,25 @@ async def test_add_after_fires_on_time(autojump_clock: trio.testing.MockClock) -
         nursery.cancel_scope.cancel()
 
 
+async def test_rate_limited_never_sooner_than_a_retry_after(
+        autojump_clock: trio.testing.MockClock) -> None:
+    q: WorkQueue[str] = WorkQueue(base_delay=1.0, max_delay=60.0)
+    assert q.add_rate_limited("a", at_least=7.0) == 7.0  # the hint beats a 1 s backoff
+    assert q.num_requeues("a") == 1 and q.backoff("a") == 2.0  # the backoff still grows
+    assert q.add_rate_limited("b", at_least=3600.0) == 60.0  # bounded by the maximum delay
+    q.add_rate_limited("c")
+    q.add_rate_limited("c")
+    assert q.add_rate_limited("c", at_least=1.5) == 4.0  # a shorter hint changes nothing
+    async with trio.open_nursery() as nursery:
+        await nursery.start(q.run)
+        start = trio.current_time()
+        assert await q.get() == "c"  # the first add of "c": 1 s
+        q.done("c")
+        assert await q.get() == "a"
+        assert trio.current_time() - start == pytest.approx(7.0)
+        nursery.cancel_scope.cancel()
+
+
 async def test_rate_limited_backoff_and_forget(autojump_clock: trio.testing.MockClock) -> None:
     q: WorkQueue[str] = WorkQueue()
     retries = REGISTRY.get_sample_value("egressd_workqueue_retries_total") or 0.0

@@ -10,6 +10,7 @@ events (`World.wait_proxy`), never on sleeps.
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -19,12 +20,14 @@ import attrs
 import httpx
 import trio
 
+from egressd.control.feed import feed_queue
 from egressd.control.queue import WorkQueue
-from egressd.control.reconciler import Reconciler, feed_queue
+from egressd.control.reconciler import Reconciler
 from egressd.health.engine import HealthEngine
 from egressd.health.probe import ProbeResult, ProbeTarget
-from egressd.kube.client import KubeClient
+from egressd.kube.client import KubeClient, RetryPolicy
 from egressd.kube.config import KubeConfig
+from egressd.kube.errors import AlreadyExists
 from egressd.kube.events import EventRecorder
 from egressd.kube.informer import Informer
 from egressd.kube.resources import NAMESPACES, PODS, PROXIES, SECRETS
@@ -36,7 +39,7 @@ from egressd.providers.registry import ProviderRegistry
 from egressd.sandbox.apiserver import FakeApiServer
 from egressd.sandbox.apiserver.crd import proxy_crd
 from egressd.settings import Settings
-from tests.fixtures.kube import hooked_client
+from tests.fixtures.kube import FAST_RETRY, hooked_client
 
 NS = "default"
 POD_NS = "egressd-proxies"
@@ -176,12 +179,22 @@ TEST_SETTINGS = Settings(workers=2, provisioning_poll=0.05, immediate_retry=0.02
                          ready_resync=30.0, quota_retry=30.0, cluster_name="test")
 
 
+PROVIDERS = ((PROVIDER, POD_NS), (PROVIDER_B, POD_NS_B))
+
+
 @asynccontextmanager
 async def open_world(server: FakeApiServer, config: KubeConfig, *,
                      settings: Settings = TEST_SETTINGS,
                      hold: Callable[[httpx.Request], Awaitable[None]] | None = None,
+                     providers: tuple[str, ...] = (PROVIDER, PROVIDER_B),
+                     retry: RetryPolicy = FAST_RETRY,
                      ) -> AsyncIterator[World]:
-    """Start everything in a nursery; cancelled when the block ends."""
+    """Start everything in a nursery; cancelled when the block ends.
+
+    `providers`: the names the daemon's providers config lists (a daemon
+    configured without one of them); `retry`: the client's own retries.
+    A world may follow another on the same server (a second daemon).
+    """
     requests: list[tuple[str, str, Any]] = []
 
     async def record(request: httpx.Request) -> None:
@@ -190,10 +203,11 @@ async def open_world(server: FakeApiServer, config: KubeConfig, *,
         if hold is not None:
             await hold(request)
 
-    async with hooked_client(config, on_request=[record]) as client, \
+    async with hooked_client(config, on_request=[record], retry=retry) as client, \
             trio.open_nursery() as nursery:
         for namespace in (POD_NS, POD_NS_B):
-            await client.create(NAMESPACES, {"metadata": {"name": namespace}})
+            with contextlib.suppress(AlreadyExists):
+                await client.create(NAMESPACES, {"metadata": {"name": namespace}})
         proxies = Informer(PROXIES)
         secrets = Informer(SECRETS, label_selector=f"{CLOUD_INIT_LABEL}=true")
         pods = Informer(PODS)
@@ -209,7 +223,7 @@ async def open_world(server: FakeApiServer, config: KubeConfig, *,
             name: MeteredProvider(KubernetesProvider(
                 KubernetesConfig(namespace=namespace, image="ubuntu/squid:6.6-24.04_edge"),
                 client=client), name=name)
-            for name, namespace in ((PROVIDER, POD_NS), (PROVIDER_B, POD_NS_B))})
+            for name, namespace in PROVIDERS if name in providers})
         reconciler = Reconciler(client=client, proxies=proxies, secrets=secrets,
                                 providers=registry, engine=engine, queue=queue,
                                 events=EventRecorder(client), settings=settings)

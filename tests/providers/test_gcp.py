@@ -23,6 +23,7 @@ from google.auth.credentials import AnonymousCredentials
 from egressd.providers import (
     CreateRequest,
     InstanceState,
+    NotConfigured,
     NotFound,
     Permanent,
     Placement,
@@ -252,7 +253,7 @@ async def test_create_stops_waiting_at_the_operation_deadline(
 @pytest.mark.parametrize(("code", "kind"), [
     ("ZONE_RESOURCE_POOL_EXHAUSTED", QuotaExceeded),
     ("QUOTA_EXCEEDED", QuotaExceeded),
-    ("PERMISSIONS_ERROR", Permanent),
+    ("PERMISSIONS_ERROR", NotConfigured),
 ])
 async def test_failed_insert_operation(gcp: GcpProvider, fake_compute: FakeCompute,
                                        code: str, kind: type[Exception]) -> None:
@@ -274,8 +275,8 @@ async def test_failed_insert_operation(gcp: GcpProvider, fake_compute: FakeCompu
     (403, "userRateLimitExceeded", None, Transient),
     (429, "rateLimitExceeded", "RESOURCE_EXHAUSTED", Transient),
     (429, "tooManyRequests", None, Transient),
-    (403, "forbidden", None, Permanent),
-    (403, "accessNotConfigured", None, Permanent),
+    (403, "forbidden", None, NotConfigured),
+    (403, "accessNotConfigured", None, NotConfigured),
     (400, "invalid", None, Permanent),
     (400, "resourceNotReady", None, Transient),
     (404, "notFound", None, Permanent),  # an insert's 404: its project or zone is missing

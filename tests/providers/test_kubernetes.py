@@ -16,6 +16,7 @@ from egressd.kube.resources import NAMESPACES, PODS
 from egressd.providers import (
     CreateRequest,
     InstanceState,
+    NotConfigured,
     NotFound,
     Permanent,
     Placement,
@@ -177,7 +178,7 @@ async def test_list_is_cluster_wide(provider: KubernetesProvider,
 
 
 @pytest.mark.parametrize(("code", "message", "kind"), [
-    (403, "pods is forbidden: User cannot create resource", Permanent),
+    (403, "pods is forbidden: User cannot create resource", NotConfigured),
     (403, 'pods "px" is forbidden: exceeded quota: compute, requested: pods=1', QuotaExceeded),
     (422, "Pod is invalid", Permanent),
     (400, "bad request", Permanent),
