@@ -200,44 +200,30 @@ def _secret(obj: dict[str, Any]) -> list[Cause]:
     return causes
 
 
+def _need_text(causes: list[Cause], field: str, value: Any) -> None:
+    if not value:
+        causes.append((field, "FieldValueRequired", "Required value"))
+    elif not isinstance(value, str):
+        causes.append((field, "FieldValueInvalid", f"Invalid value: {quote(value)}: "
+                                                   "must be a string"))
+
+
+def _need_list_of_text(causes: list[Cause], field: str, value: Any) -> None:
+    if value is not None and not (isinstance(value, list)
+                                  and all(isinstance(v, str) for v in value)):
+        causes.append((field, "FieldValueInvalid", "Invalid value: must be a list of strings"))
+
+
 def _crd(obj: dict[str, Any]) -> list[Cause]:
     spec = obj.get("spec")
     if not isinstance(spec, dict):
         return [("spec", "FieldValueRequired", "Required value")]
-    causes: list[Cause] = []
-
-    def need_text(field: str, value: Any) -> None:
-        if not value:
-            causes.append((field, "FieldValueRequired", "Required value"))
-        elif not isinstance(value, str):
-            causes.append((field, "FieldValueInvalid", f"Invalid value: {quote(value)}: "
-                                                       "must be a string"))
-
-    def need_list_of_text(field: str, value: Any) -> None:
-        if value is not None and not (isinstance(value, list)
-                                      and all(isinstance(v, str) for v in value)):
-            causes.append((field, "FieldValueInvalid", "Invalid value: must be a list of "
-                                                       "strings"))
-
     names = spec.get("names")
     if names is None:
         names = {}
     elif not isinstance(names, dict):
         return [("spec.names", "FieldValueInvalid", "Invalid value: must be an object")]
-    group = spec.get("group")
-    need_text("spec.group", group)
-    need_text("spec.names.plural", names.get("plural"))
-    need_text("spec.names.kind", names.get("kind"))
-    for field in ("singular", "listKind"):
-        if names.get(field) is not None and not isinstance(names[field], str):
-            causes.append((f"spec.names.{field}", "FieldValueInvalid",
-                           "Invalid value: must be a string"))
-    need_list_of_text("spec.names.shortNames", names.get("shortNames"))
-    need_list_of_text("spec.names.categories", names.get("categories"))
-    if spec.get("scope", "Namespaced") not in ("Namespaced", "Cluster"):
-        causes.append(("spec.scope", "FieldValueNotSupported",
-                       f"Unsupported value: {quote(spec.get('scope'))}: supported values: "
-                       '"Cluster", "Namespaced"'))
+    causes = _crd_names(spec, names)
     versions = spec.get("versions")
     if not versions:
         causes.append(("spec.versions", "FieldValueRequired",
@@ -248,32 +234,58 @@ def _crd(obj: dict[str, Any]) -> list[Cause]:
                        "Invalid value: must be a list of versions"))
         return causes
     for i, version in enumerate(versions):
-        where = f"spec.versions[{i}]"
-        need_text(f"{where}.name", version.get("name"))
-        for field in ("served", "storage"):
-            if not isinstance(version.get(field, False), bool):
-                causes.append((f"{where}.{field}", "FieldValueInvalid",
-                               "Invalid value: must be a boolean"))
-        for field in ("schema", "subresources"):
-            if not isinstance(version.get(field) or {}, dict):
-                causes.append((f"{where}.{field}", "FieldValueInvalid",
-                               "Invalid value: must be an object"))
-        columns = version.get("additionalPrinterColumns") or []
-        if not isinstance(columns, list) or not all(
-                isinstance(c, dict) and c.get("name") and isinstance(c.get("name"), str)
-                and isinstance(c.get("jsonPath"), str) and isinstance(c.get("type", ""), str)
-                and isinstance(c.get("priority", 0), int)
-                for c in columns):
-            causes.append((f"{where}.additionalPrinterColumns", "FieldValueInvalid",
-                           "Invalid value: each column needs a name, a type and a jsonPath"))
+        causes += _crd_version(f"spec.versions[{i}]", version)
     if sum(1 for v in versions if v.get("storage") is True) != 1:
         causes.append(("spec.versions", "FieldValueInvalid",
                        "Invalid value: must have exactly one version marked as storage version"))
-    expected = f"{names.get('plural')}.{group}"
+    expected = f"{names.get('plural')}.{spec.get('group')}"
     if not causes and obj["metadata"]["name"] != expected:
         causes.append(("metadata.name", "FieldValueInvalid",
                        f"Invalid value: {quote(obj['metadata']['name'])}: must be spec.names.plural"
                        f"+\".\"+spec.group"))
+    return causes
+
+
+def _crd_names(spec: dict[str, Any], names: dict[str, Any]) -> list[Cause]:
+    causes: list[Cause] = []
+    _need_text(causes, "spec.group", spec.get("group"))
+    _need_text(causes, "spec.names.plural", names.get("plural"))
+    _need_text(causes, "spec.names.kind", names.get("kind"))
+    for field in ("singular", "listKind"):
+        if names.get(field) is not None and not isinstance(names[field], str):
+            causes.append((f"spec.names.{field}", "FieldValueInvalid",
+                           "Invalid value: must be a string"))
+    _need_list_of_text(causes, "spec.names.shortNames", names.get("shortNames"))
+    _need_list_of_text(causes, "spec.names.categories", names.get("categories"))
+    if spec.get("scope", "Namespaced") not in ("Namespaced", "Cluster"):
+        causes.append(("spec.scope", "FieldValueNotSupported",
+                       f"Unsupported value: {quote(spec.get('scope'))}: supported values: "
+                       '"Cluster", "Namespaced"'))
+    return causes
+
+
+def _column_ok(column: Any) -> bool:
+    return (isinstance(column, dict) and bool(column.get("name"))
+            and isinstance(column.get("name"), str) and isinstance(column.get("jsonPath"), str)
+            and isinstance(column.get("type", ""), str)
+            and isinstance(column.get("priority", 0), int))
+
+
+def _crd_version(where: str, version: dict[str, Any]) -> list[Cause]:
+    causes: list[Cause] = []
+    _need_text(causes, f"{where}.name", version.get("name"))
+    for field in ("served", "storage"):
+        if not isinstance(version.get(field, False), bool):
+            causes.append((f"{where}.{field}", "FieldValueInvalid",
+                           "Invalid value: must be a boolean"))
+    for field in ("schema", "subresources"):
+        if not isinstance(version.get(field) or {}, dict):
+            causes.append((f"{where}.{field}", "FieldValueInvalid",
+                           "Invalid value: must be an object"))
+    columns = version.get("additionalPrinterColumns") or []
+    if not isinstance(columns, list) or not all(_column_ok(c) for c in columns):
+        causes.append((f"{where}.additionalPrinterColumns", "FieldValueInvalid",
+                       "Invalid value: each column needs a name, a type and a jsonPath"))
     return causes
 
 

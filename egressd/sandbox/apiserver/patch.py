@@ -118,24 +118,27 @@ def strategic_merge(target: Any, patch: Any, *, strategic: bool = True) -> Any:
             if isinstance(result.get(name), list) and isinstance(value, list):
                 result[name] = [v for v in result[name] if v not in value]
             continue
-        if value is None:
+        merged = _merge_member(key, result.get(key), value, strategic=strategic)
+        if merged is None:
             result.pop(key, None)
-        elif isinstance(value, list) and isinstance(result.get(key), list):
-            if key in MERGE_KEYS:
-                result[key] = _keyed_merge(result[key], value, MERGE_KEYS[key], strategic=strategic)
-            elif key in SET_LISTS and strategic:
-                result[key] = result[key] + [v for v in value if v not in result[key]]
-            else:
-                result[key] = copy.deepcopy(value)
-        elif isinstance(value, dict):
-            merged = strategic_merge(result.get(key), value, strategic=strategic)
-            if merged is None:
-                result.pop(key, None)
-            else:
-                result[key] = merged
         else:
-            result[key] = copy.deepcopy(value)
+            result[key] = merged
     return result
+
+
+def _merge_member(key: str, current: Any, value: Any, *, strategic: bool) -> Any:
+    """One member's merged value (None: remove the member)."""
+    if value is None:
+        return None
+    if isinstance(value, list) and isinstance(current, list):
+        if key in MERGE_KEYS:
+            return _keyed_merge(current, value, MERGE_KEYS[key], strategic=strategic)
+        if key in SET_LISTS and strategic:
+            return current + [v for v in value if v not in current]
+        return copy.deepcopy(value)
+    if isinstance(value, dict):
+        return strategic_merge(current, value, strategic=strategic)
+    return copy.deepcopy(value)
 
 
 def parse_json(body: bytes) -> Any:

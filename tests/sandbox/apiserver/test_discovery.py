@@ -11,7 +11,7 @@ import trio
 from egressd.sandbox.apiserver import FakeApiServer
 from egressd.sandbox.apiserver.table import human_duration
 from tests.fixtures.apiserver import make_client
-from tests.sandbox.support import ALL_PROXIES, MERGE, PROXIES, proxy, watch
+from tests.sandbox.apiserver.support import ALL_PROXIES, MERGE, PROXIES, proxy, watch
 
 TABLE = {"Accept": "application/json;as=Table;v=v1;g=meta.k8s.io,application/json"}
 

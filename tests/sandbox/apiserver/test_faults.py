@@ -9,7 +9,7 @@ import trio.testing
 
 from egressd.sandbox.apiserver import FakeApiServer
 from tests.fixtures.apiserver import make_client
-from tests.sandbox.support import (
+from tests.sandbox.apiserver.support import (
     ALL_PROXIES,
     PODS,
     PROXIES,

@@ -18,7 +18,7 @@ import pytest
 import trio
 
 from egressd.sandbox.apiserver import FakeApiServer
-from tests.sandbox.support import MERGE, PROXIES, created, proxy
+from tests.sandbox.apiserver.support import MERGE, PROXIES, created, proxy
 
 pytestmark = [
     pytest.mark.kubectl,

@@ -10,7 +10,7 @@ import pytest
 import trio
 
 from egressd.sandbox.apiserver.wire import MAX_BODY
-from tests.sandbox.support import (
+from tests.sandbox.apiserver.support import (
     APPLY,
     EVENTS,
     JSON_PATCH,

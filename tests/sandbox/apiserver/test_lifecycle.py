@@ -7,7 +7,7 @@ import pytest
 import trio
 
 from egressd.sandbox.apiserver import FakeApiServer
-from tests.sandbox.support import (
+from tests.sandbox.apiserver.support import (
     ALL_PROXIES,
     LEASES,
     MERGE,

@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from egressd.sandbox.apiserver.protobuf import ProtobufError, UnsupportedKind, decode
-from tests.sandbox.support import PODS, PROXIES, SECRETS, created, pod, proxy
+from tests.sandbox.apiserver.support import PODS, PROXIES, SECRETS, created, pod, proxy
 
 PROTOBUF = {"Content-Type": "application/vnd.kubernetes.protobuf",
             "Accept": "application/vnd.kubernetes.protobuf,application/json"}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import httpx
 import trio
 
-from tests.sandbox.support import APPLY, JSON_PATCH, MERGE, PROXIES, created, proxy
+from tests.sandbox.apiserver.support import APPLY, JSON_PATCH, MERGE, PROXIES, created, proxy
 
 
 async def test_defaults_are_applied_on_create(api_client: httpx.AsyncClient) -> None:

@@ -8,7 +8,7 @@ import trio
 
 from egressd.sandbox.apiserver import FakeApiServer
 from tests.fixtures.apiserver import make_client
-from tests.sandbox.support import (
+from tests.sandbox.apiserver.support import (
     ALL_PROXIES,
     EVENTS,
     MERGE,
