@@ -47,11 +47,15 @@ def _parser() -> argparse.ArgumentParser:
                          help="Write a JSON file with the endpoints once ready.")
     sandbox.add_argument("--proxies", type=int, default=3, metavar="N",
                          help="Managed sample proxies to create (default 3).")
-    sandbox.add_argument("--discovery-addr", default=":8090", metavar="ADDR", type=_listen_addr,
-                         help="Address of the sandbox daemon's discovery API (default :8090; "
+    sandbox.add_argument("--discovery-addr", default="127.0.0.1:8090", metavar="ADDR",
+                         type=_listen_addr,
+                         help="Address of the sandbox daemon's discovery API (default "
+                              "127.0.0.1:8090, this machine only; "
                               "port 0 picks a free one).")
-    sandbox.add_argument("--metrics-addr", default=":8080", metavar="ADDR", type=_listen_addr,
-                         help="Address of the sandbox daemon's /metrics (default :8080).")
+    sandbox.add_argument("--metrics-addr", default="127.0.0.1:8080", metavar="ADDR",
+                         type=_listen_addr,
+                         help="Address of the sandbox daemon's /metrics (default "
+                              "127.0.0.1:8080).")
     sandbox.add_argument("--log-level", default="info",
                          choices=["debug", "info", "warning", "error"])
 

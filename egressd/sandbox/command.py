@@ -9,9 +9,12 @@ every sample is Ready it writes `--ready-file` and prints a short guide.
 
 `--api-only` serves just the fake API server with the CRD.
 
-Ctrl-C or SIGTERM cancels the root scope: the proxy processes are stopped
-(each in a shielded stop) and the temp files, kubeconfig and ready file
-removed before the process exits.
+Ctrl-C, SIGTERM or SIGHUP (the terminal closed) cancels the root scope: the
+proxy processes are stopped (each in a shielded stop) and the temp files,
+kubeconfig and ready file removed before the process exits. A SIGKILLed
+sandbox's proxies die with it (their watchdogs) and the next start removes
+the temp dirs it left (`egressd.sandbox.orphans`). The daemon's discovery API
+and metrics listen on 127.0.0.1 unless told otherwise.
 """
 
 from __future__ import annotations
@@ -24,7 +27,6 @@ import secrets
 import signal
 import socket
 import sys
-import tempfile
 import urllib.parse
 from collections.abc import Sequence
 from typing import Any
@@ -45,6 +47,7 @@ from egressd.sandbox.apiserver import FakeApiServer
 from egressd.sandbox.apiserver.tls import write_private
 from egressd.sandbox.kubelet import AddressPool, LocalKubelet, open_pooled_proxy
 from egressd.sandbox.localproxy import ProxySoftware, ProxySoftwareMissing, find_proxy_software
+from egressd.sandbox.orphans import claimed_temp_dir, remove_stale_temp_dirs
 from egressd.sandbox.probe_target import ProbeTargetServer
 from egressd.settings import Settings
 
@@ -316,8 +319,12 @@ async def _run_external_proxy(software: ProxySoftware, *, addresses: AddressPool
 # --- entry point --------------------------------------------------------------
 
 
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+"""Ctrl-C, a stop, and a closed terminal: each stops the sandbox and all it started."""
+
+
 async def _until_signalled(service: functools.partial[Any]) -> None:
-    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+    with trio.open_signal_receiver(*STOP_SIGNALS) as signals:
         async with trio.open_nursery() as nursery:
             async def stop_on_signal() -> None:
                 # Watching from the start: a signal while the sandbox is still
@@ -337,8 +344,15 @@ def _leaves(group: BaseExceptionGroup[Any]) -> list[BaseException]:
             for leaf in (_leaves(error) if isinstance(error, BaseExceptionGroup) else [error])]
 
 
+DISCOVERY_ADDR = "127.0.0.1:8090"
+"""The sandbox's default discovery address: loopback, as it prints a token-protected
+API for this machine's user, not a service for the network (`egressd run`: :8090)."""
+METRICS_ADDR = "127.0.0.1:8080"
+
+
 def sandbox_main(*, api_only: bool, ready_file: str | None, proxies: int, log_level: str,
-                 discovery_addr: str = ":8090", metrics_addr: str = ":8080") -> int:
+                 discovery_addr: str = DISCOVERY_ADDR, metrics_addr: str = METRICS_ADDR
+                 ) -> int:
     """Entry point of `egressd sandbox`; returns the exit code."""
     logs.setup(log_level)
     if api_only:
@@ -362,7 +376,8 @@ def sandbox_main(*, api_only: bool, ready_file: str | None, proxies: int, log_le
             metrics_addr=metrics_addr, ready_file=ready_file, software=software,
             log_level=log_level)
     code = 0
-    with tempfile.TemporaryDirectory(prefix="egressd-sandbox-") as workdir:
+    remove_stale_temp_dirs()  # what a killed sandbox left (its proxies died with it)
+    with claimed_temp_dir("egressd-sandbox-") as workdir:
         try:
             trio.run(_until_signalled, functools.partial(service_factory, workdir=workdir))
         except* ConfigError as group:

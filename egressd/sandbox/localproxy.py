@@ -8,7 +8,9 @@
 Squid gets the kubernetes provider's own `squid_conf` with local paths; a
 process runs in its own session (a Ctrl-C in the terminal reaches the
 sandbox, which stops its proxies itself) and is always stopped when the
-block exits, cancelled or not.
+block exits, cancelled or not. If the sandbox dies without stopping it
+(SIGKILL), the process's watchdog kills it, and the next sandbox removes its
+temp dir (`egressd.sandbox.orphans`).
 """
 
 from __future__ import annotations
@@ -22,7 +24,6 @@ import signal
 import socket
 import struct
 import subprocess
-import tempfile
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager, suppress
 from typing import Literal
@@ -32,6 +33,7 @@ import trio
 
 from egressd.errors import EgressdError
 from egressd.providers.kubernetes import squid_conf
+from egressd.sandbox.orphans import Watchdog, claim_temp_dir, release_temp_dir, start_watchdog
 
 log = logging.getLogger(__name__)
 
@@ -150,6 +152,8 @@ class LocalProxy:
     host: str
     port: int
     pid: int
+    workdir: str
+    """Its config and logs (removed when it stops)."""
     _process: trio.Process = attrs.field(repr=False, alias="process")
     stopped: trio.Event = attrs.field(factory=trio.Event, repr=False, eq=False)
     """Set once the process has been stopped and reaped."""
@@ -264,9 +268,10 @@ async def open_local_proxy(
     dies or never listens.
     """
     # Under /tmp directly, not under the caller's private dir: Squid started
-    # as root runs as `proxy`, which must reach this directory.
-    workdir = await trio.to_thread.run_sync(
-        lambda: tempfile.mkdtemp(prefix=f"egressd-{software.kind}-"))
+    # as root runs as `proxy`, which must reach this directory. Claimed (a held
+    # lock), so a sandbox that was killed leaves a dir the next one removes.
+    workdir, lock = await trio.to_thread.run_sync(
+        claim_temp_dir, f"egressd-{software.kind}-")
     try:
         argv, text, log_file = _command(software, host=host, port=port, workdir=workdir,
                                         allowed_sources=allowed_sources)
@@ -283,7 +288,10 @@ async def open_local_proxy(
         process = await trio.lowlevel.open_process(
             argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL, start_new_session=True)
+        watchdog: Watchdog | None = None
         try:
+            # Kills the proxy if this process dies without stopping it (SIGKILL).
+            watchdog = await start_watchdog(process.pid, keep_fds=(lock,))
             describe = f"{software.kind} on {address}"
             try:
                 with trio.move_on_after(start_timeout) as waiting:
@@ -294,16 +302,19 @@ async def open_local_proxy(
             except ProxyStartFailed as exc:
                 raise type(exc)(f"{exc}; log: {_log_tail(log_file)}") from None
             log.info("local proxy started",
-                     extra={"kind": software.kind, "address": address, "pid": process.pid})
+                     extra={"kind": software.kind, "address": address, "pid": process.pid,
+                            "workdir": workdir})
             proxy = LocalProxy(kind=software.kind, host=host, port=port, pid=process.pid,
-                               process=process)
+                               workdir=workdir, process=process)
             yield proxy
         finally:
             await stop_process(process)
+            if watchdog is not None:
+                await watchdog.close()
             if proxy is not None:
                 proxy.stopped.set()
             log.info("local proxy stopped",
                      extra={"kind": software.kind, "address": address, "pid": process.pid})
     finally:
         with trio.CancelScope(shield=True):
-            await trio.to_thread.run_sync(lambda: shutil.rmtree(workdir, ignore_errors=True))
+            await trio.to_thread.run_sync(release_temp_dir, workdir, lock)

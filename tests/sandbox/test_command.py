@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import functools
 import json
+import os
 import re
 import signal
 import socket
@@ -19,10 +20,12 @@ import pytest
 import trio
 import yaml
 
-from egressd.cli import main
+from egressd.cli import _parser, main
 from egressd.errors import EgressdError
 from egressd.sandbox.apiserver import FakeApiServer
 from egressd.sandbox.command import (
+    DISCOVERY_ADDR,
+    METRICS_ADDR,
     SandboxInfo,
     _leaves,
     guide,
@@ -32,7 +35,8 @@ from egressd.sandbox.command import (
     serve_sandbox,
 )
 from egressd.sandbox.localproxy import find_proxy_software
-from tests.sandbox.test_localproxy import installed
+from egressd.settings import parse_settings
+from tests.sandbox.test_localproxy import exited, installed, wait_unlocked
 
 
 def test_samples_are_valid_proxies_and_the_guide_has_real_urls() -> None:
@@ -123,8 +127,11 @@ async def test_without_squid_the_sandbox_runs_tinyproxy(tmp_path: Path) -> None:
             nursery.cancel_scope.cancel()
 
 
-async def test_sigterm_while_starting_stops_everything(tmp_path: Path) -> None:
-    """A signal before the samples are Ready stops the sandbox too, with its proxies."""
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGHUP])
+async def test_sigterm_or_sighup_while_starting_stops_everything(
+        tmp_path: Path, stop: signal.Signals) -> None:
+    """A signal before the samples are Ready stops the sandbox too, with its proxies;
+    a closed terminal (SIGHUP) is a stop like any other."""
     ready = tmp_path / "ready.json"
     with trio.fail_after(60):
         process = await trio.lowlevel.open_process(
@@ -138,7 +145,7 @@ async def test_sigterm_while_starting_stops_everything(tmp_path: Path) -> None:
                 chunk = await process.stderr.receive_some()
                 assert chunk, log
                 log += chunk
-            process.send_signal(signal.SIGTERM)
+            process.send_signal(stop)
             async for chunk in process.stderr:
                 log += chunk
             assert await process.wait() == 0, log.decode()
@@ -152,7 +159,7 @@ async def test_sigterm_while_starting_stops_everything(tmp_path: Path) -> None:
                 await process.wait()
 
 
-@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT])
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
 async def test_api_only_serves_until_sigterm_or_ctrl_c(tmp_path: Path, stop: signal.Signals
                                                        ) -> None:
     ready = tmp_path / "ready.json"
@@ -189,3 +196,65 @@ async def test_api_only_serves_until_sigterm_or_ctrl_c(tmp_path: Path, stop: sig
             if process.returncode is None:
                 process.kill()
                 await process.wait()
+
+
+def test_the_sandbox_listens_on_loopback_unless_told_otherwise() -> None:
+    """It prints a token for this machine's user; `egressd run` keeps :8090/:8080."""
+    args = _parser().parse_args(["sandbox"])
+    assert (args.discovery_addr, args.metrics_addr) == (DISCOVERY_ADDR, METRICS_ADDR)
+    assert (DISCOVERY_ADDR, METRICS_ADDR) == ("127.0.0.1:8090", "127.0.0.1:8080")
+    run = parse_settings([], environ={})
+    assert (run.discovery_addr, run.metrics_addr) == (":8090", ":8080")
+
+
+async def test_a_sigkilled_sandbox_leaves_no_process_and_the_next_start_cleans_up(
+        tmp_path: Path) -> None:
+    installed("tinyproxy")
+    argv = [sys.executable, "-m", "egressd", "sandbox", "--discovery-addr", "127.0.0.1:0",
+            "--metrics-addr", "127.0.0.1:0"]
+    ready, log_file = tmp_path / "ready.json", tmp_path / "sandbox.log"
+    with trio.fail_after(60):
+        with log_file.open("wb") as stderr:
+            process = await trio.lowlevel.open_process(
+                [*argv, "--proxies", "1", "--ready-file", str(ready)],
+                stdout=subprocess.PIPE, stderr=stderr)
+        try:
+            assert process.stdout is not None
+            output = b""
+            while b"Stop with Ctrl-C" not in output:
+                chunk = await process.stdout.receive_some()
+                assert chunk, log_file.read_text()
+                output += chunk
+            kubeconfig = json.loads(ready.read_text())["kubeconfig"]
+            started = re.findall(rb"local proxy started .* pid=(\d+) workdir=(\S+)",
+                                 log_file.read_bytes())
+            assert len(started) == 2  # the Managed sample's and the External one's
+            process.kill()
+            await process.wait()
+        finally:
+            if process.returncode is None:
+                process.kill()
+                await process.wait()
+        for pid, _ in started:
+            await exited(int(pid))
+        # Its files stay until a sandbox starts again (a killed process removes nothing).
+        left = [os.path.dirname(kubeconfig), *(d.decode() for _, d in started)]
+        assert all([await trio.Path(d).is_dir() for d in left])
+        for directory in left:  # the proxies' watchdogs let go once their kill is done
+            await trio.to_thread.run_sync(wait_unlocked, directory)
+        again = await trio.lowlevel.open_process(
+            [*argv, "--api-only"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        try:
+            assert again.stdout is not None
+            output = b""
+            while b"Stop with Ctrl-C" not in output:
+                chunk = await again.stdout.receive_some()
+                assert chunk, output
+                output += chunk
+            assert [d for d in left if await trio.Path(d).exists()] == []
+            again.send_signal(signal.SIGTERM)
+            assert await again.wait() == 0
+        finally:
+            if again.returncode is None:
+                again.kill()
+                await again.wait()

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 import socket
 import ssl
 import subprocess
+import sys
 from pathlib import Path
 
 import httpx
@@ -21,6 +23,12 @@ from egressd.sandbox.localproxy import (
     find_proxy_software,
     listener_owned,
     open_local_proxy,
+)
+from egressd.sandbox.orphans import (
+    LOCK_NAME,
+    claim_temp_dir,
+    release_temp_dir,
+    remove_stale_temp_dirs,
 )
 from egressd.sandbox.probe_target import ProbeTargetServer
 
@@ -141,3 +149,89 @@ def test_listener_owned_says_whose_listener_it_is() -> None:
                 child.kill()
         with pytest.raises(AddressInUse):  # gone (exited: it could not bind, say)
             listener_owned(child.pid, host="127.0.0.9", port=port)
+
+
+async def exited(pid: int) -> None:
+    """Return once process `pid` (not necessarily our child) has exited."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return
+    try:
+        await trio.lowlevel.wait_readable(fd)
+    finally:
+        os.close(fd)
+
+
+def wait_unlocked(workdir: str) -> None:
+    """Block until nobody holds the dir's lock (a blocking flock, then let go)."""
+    fd = os.open(os.path.join(workdir, LOCK_NAME), os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+    finally:
+        os.close(fd)
+
+
+# A stand-in for a sandbox: it starts one proxy, says where, and waits to be killed.
+OWNER = """\
+import sys, trio
+from egressd.sandbox.localproxy import ProxySoftware, open_local_proxy
+async def main():
+    software = ProxySoftware(kind=sys.argv[1], binary=sys.argv[2])
+    async with open_local_proxy(software, host="127.0.0.9", port=int(sys.argv[3])) as proxy:
+        print(proxy.pid, proxy.workdir, flush=True)
+        await trio.sleep_forever()
+trio.run(main)
+"""
+
+
+@pytest.mark.parametrize("kind", ["squid", "tinyproxy"])
+async def test_a_sigkilled_owner_takes_its_proxy_with_it_and_leaves_a_stale_dir(
+        kind: str, tmp_path: Path) -> None:
+    software = installed(kind)
+    with trio.fail_after(30):
+        owner = await trio.lowlevel.open_process(
+            [sys.executable, "-c", OWNER, kind, software.binary, str(free_port("127.0.0.9"))],
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        try:
+            assert owner.stdout is not None
+            line = b""
+            while not line.endswith(b"\n"):
+                chunk = await owner.stdout.receive_some()
+                assert chunk, line
+                line += chunk
+            pid_text, workdir = line.decode().split()
+            pid = int(pid_text)
+            assert alive(pid)
+            # A live proxy's dir is in use: never removed.
+            assert workdir not in remove_stale_temp_dirs()
+            owner.kill()  # SIGKILL: no chance to stop anything
+            await owner.wait()
+            await exited(pid)  # its watchdog killed it
+        finally:
+            if owner.returncode is None:
+                owner.kill()
+                await owner.wait()
+        # Left behind, and removed by the next start once the proxy's lock is free
+        # (its watchdog holds it until the kill is done).
+        assert await trio.Path(workdir).is_dir()
+        await trio.to_thread.run_sync(wait_unlocked, workdir)
+        assert workdir in remove_stale_temp_dirs()
+        assert not await trio.Path(workdir).exists()
+
+
+def test_only_claimed_dirs_nobody_holds_are_removed(tmp_path: Path) -> None:
+    unclaimed = tmp_path / "egressd-squid-unclaimed"  # an older egressd's, or not ours
+    unclaimed.mkdir()
+    foreign = tmp_path / "something-else"
+    foreign.mkdir()
+    (foreign / LOCK_NAME).write_text("")
+    held, fd = claim_temp_dir("egressd-tinyproxy-", str(tmp_path))
+    stale, stale_fd = claim_temp_dir("egressd-sandbox-", str(tmp_path))
+    os.close(stale_fd)  # its owner died
+    assert held.startswith(str(tmp_path))
+    assert remove_stale_temp_dirs(str(tmp_path)) == [stale]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [unclaimed.name, foreign.name, os.path.basename(held)])
+    release_temp_dir(held, fd)
+    assert not os.path.exists(held)
