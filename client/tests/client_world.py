@@ -10,7 +10,6 @@ HTTP, with the discovery URL and token.
 from __future__ import annotations
 
 import contextlib
-import functools
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -21,7 +20,7 @@ import httpx
 import trio
 from client_site import Site
 
-from egressd.app import DaemonAddresses, load_inputs, run_daemon
+from egressd.app import DaemonAddresses, Inputs, load_inputs, run_daemon
 from egressd.kube.client import open_client
 from egressd.kube.config import load_config
 from egressd.kube.informer import Informer
@@ -57,6 +56,8 @@ class World:
     _ready: threading.Event = field(default_factory=threading.Event)
     _trio_token: trio.lowlevel.TrioToken | None = None
     _cancel: trio.CancelScope | None = None
+    _daemon_cancel: trio.CancelScope | None = None
+    _daemon_done: trio.Event = field(default_factory=trio.Event)
 
     @property
     def site_url(self) -> str:
@@ -97,8 +98,16 @@ class World:
     def stop(self) -> None:
         if self._cancel is not None and self._trio_token is not None:
             with contextlib.suppress(trio.RunFinishedError):
-                trio.from_thread.run_sync(self._cancel.cancel, trio_token=self._trio_token)
+                trio.from_thread.run(self._stop, trio_token=self._trio_token)
         self._thread.join(15)
+
+    async def _stop(self) -> None:
+        # The daemon first, so it can still give up its leader Lease on the API server.
+        assert self._cancel is not None and self._daemon_cancel is not None
+        self._daemon_cancel.cancel()
+        with trio.move_on_after(10):
+            await self._daemon_done.wait()
+        self._cancel.cancel()
 
     async def _main(self) -> None:
         self._trio_token = trio.lowlevel.current_trio_token()
@@ -108,11 +117,20 @@ class World:
                 with trio.fail_after(START_TIMEOUT):
                     await self._start(nursery)
                 self._ready.set()
+                await trio.sleep_forever()
         except BaseException as exc:  # reported to the starting thread, then re-raised
             self.error = exc
             raise
         finally:
             self._ready.set()
+
+    async def _daemon(self, inputs: Inputs, *,
+                      task_status: trio.TaskStatus[DaemonAddresses]) -> None:
+        try:
+            with trio.CancelScope() as self._daemon_cancel:
+                await run_daemon(inputs, environ={}, task_status=task_status)
+        finally:
+            self._daemon_done.set()
 
     async def _start(self, nursery: trio.Nursery) -> None:
         apiserver = FakeApiServer(token="client-tests-apiserver")
@@ -127,8 +145,7 @@ class World:
             ["--kubeconfig", str(kubeconfig), "--discovery-addr", "127.0.0.1:0",
              "--metrics-addr", "127.0.0.1:0", "--shutdown-grace", "1s",
              "--discovery-token-file", str(token_file)], environ={})
-        addrs: DaemonAddresses = await nursery.start(functools.partial(
-            run_daemon, load_inputs(settings, {}), environ={}))
+        addrs: DaemonAddresses = await nursery.start(self._daemon, load_inputs(settings, {}))
         self.discovery_url, self.metrics_url = addrs.discovery_url, addrs.metrics_url
         async with open_client(await load_config(kubeconfig=str(kubeconfig), context=None)
                                ) as kube, trio.open_nursery() as watch:

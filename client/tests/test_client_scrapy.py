@@ -1,0 +1,112 @@
+"""A real Scrapy crawl through the add-on, against the real egressd of `world`.
+
+The test site rate-limits the first proxy that crawls it and bans the second, so
+the crawl must move the domain to the third, retry the refused pages there, never
+hand a 429/403 to the callback, and release every lease at the end.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from client_site import PAGES
+from client_world import World
+
+from tests.health.peers import closed_port
+
+SPIDER = Path(__file__).with_name("crawl_spider.py")
+ADDON = {"egressd_client.scrapy.Addon": 500}
+
+
+def crawl(tmp_path: Path, start: list[str], settings: dict[str, Any],
+          user_proxy: tuple[str, str] | None = None) -> tuple[dict[str, Any], str]:
+    out = tmp_path / "out.json"
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"start": start, "settings": {"ADDONS": ADDON, **settings},
+                                  "user_proxy": user_proxy, "out": str(out)}))
+    done = subprocess.run([sys.executable, str(SPIDER), str(config)], capture_output=True,
+                          text=True, timeout=90, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(out.read_text()), done.stderr
+
+
+def egressd_settings(world: World, **extra: Any) -> dict[str, Any]:
+    return {"EGRESSD_URL": world.discovery_url, "EGRESSD_TOKEN": world.token,
+            "EGRESSD_SELECTOR": "pool=test", **extra}
+
+
+def test_a_crawl_moves_off_rate_limited_and_banned_proxies(world: World, tmp_path: Path
+                                                           ) -> None:
+    user_proxy = world.proxies[2]
+    result, log = crawl(tmp_path, [f"{world.site_url}/crawl/0"], egressd_settings(world),
+                        user_proxy=(user_proxy.url, f"{world.site_url}/ok/user-proxy"))
+    finished = dt.datetime.now(dt.UTC)
+    assert result["reason"] == "finished", log[-3000:]
+    assert result["failed"] == []
+    crawled = [d for d in result["delivered"] if "/crawl/" in d["url"]]
+    # Every page reached the callback once, always as a 200: no ban was delivered.
+    assert sorted(d["url"] for d in crawled) == sorted(
+        f"{world.site_url}/crawl/{n}" for n in range(PAGES))
+    assert {d["status"] for d in result["delivered"]} == {200}
+    # Each through a leased proxy, in that proxy's own download slot.
+    assert all(d["proxy"] and d["slot"] == f"egressd:{d['proxy']}" for d in crawled)
+
+    limited, banned = (world.proxy_by_egress(peer) for peer in world.site.crawl_peers[:2])
+    hits = world.site.hits_for("/crawl/")
+    assert {h.status for h in hits if h.peer == limited.egress} == {200, 429}
+    assert {h.status for h in hits if h.peer == banned.egress} == {200, 403}
+    # A page a proxy refused was fetched again, and delivered, through another proxy.
+    assert any(d["retries"] for d in crawled)
+    for page in range(PAGES):
+        page_hits = [h for h in hits if h.path == f"/crawl/{page}"]
+        [delivering] = [h.peer for h in page_hits if h.status == 200]
+        assert delivering not in {h.peer for h in page_hits if h.status != 200}
+    views = {v["name"]: v for v in world.proxy_views()}
+    assert views[limited.name]["cooldowns"]["127.0.0.1"]["reason"] == "rate_limited"
+    assert views[banned.name]["cooldowns"]["127.0.0.1"]["reason"] == "banned"
+    # The site's Retry-After (30 s) is the rate-limit cooldown.
+    until = dt.datetime.fromisoformat(
+        views[limited.name]["cooldowns"]["127.0.0.1"]["until"].replace("Z", "+00:00"))
+    assert 15 < (until - finished).total_seconds() <= 31
+
+    # The spider's own meta["proxy"] was respected.
+    [own] = [d for d in result["delivered"] if d["url"].endswith("/ok/user-proxy")]
+    assert own["proxy"] is None
+    assert [h.peer for h in world.site.hits_for("/ok/user-proxy")] == [user_proxy.egress]
+
+    stats = result["stats"]
+    assert stats["egressd/bans/rate_limited"] == 1
+    assert stats["egressd/bans/banned"] == 1
+    assert stats["egressd/leases/acquired"] == 3
+    # Released at spider close (after the spider's own closed(): the dumped stats show it).
+    assert "'egressd/leases/released': 3" in log
+    assert world.active_leases() == 0
+    assert world.proxies[0].url.split("//")[1] not in log  # no proxy URL in the log
+
+
+def test_a_wrong_token_stops_the_spider_with_one_error(world: World, tmp_path: Path) -> None:
+    before = len(world.site.hits)
+    result, log = crawl(tmp_path, [f"{world.site_url}/ok/never"],
+                        {**egressd_settings(world), "EGRESSD_TOKEN": "wrong-token"})
+    assert result["reason"] == "egressd_unavailable"
+    errors = [line for line in log.splitlines() if "] ERROR:" in line]
+    assert len(errors) == 1 and "refused the token" in errors[0], log[-3000:]
+    assert "wrong-token" not in log
+    assert len(world.site.hits) == before  # nothing was fetched without a proxy
+
+
+def test_no_egressd_can_fall_back_to_no_proxy(world: World, tmp_path: Path) -> None:
+    urls = [f"{world.site_url}/ok/direct-{n}" for n in range(3)]
+    result, log = crawl(tmp_path, urls, {
+        **egressd_settings(world), "EGRESSD_URL": f"http://127.0.0.1:{closed_port()}",
+        "EGRESSD_ON_UNAVAILABLE": "direct", "EGRESSD_TIMEOUT": 2})
+    assert result["reason"] == "finished"
+    assert sorted(d["url"] for d in result["delivered"]) == urls
+    assert {h.peer for h in world.site.hits_for("/ok/direct-")} == {"127.0.0.1"}
+    errors = [line for line in log.splitlines() if "] ERROR:" in line]
+    assert len(errors) == 1 and "crawling without a proxy" in errors[0], log[-3000:]
