@@ -16,14 +16,14 @@ from tests.health.peers import closed_port
 CLI = str(Path(sys.executable).with_name("egressd-lease"))
 
 
-def run(world: World | None, *args: str, token: str | None = None, url: str | None = None
-        ) -> subprocess.CompletedProcess[str]:
+def run(world: World | None, *args: str, token: str | None = None, url: str | None = None,
+        cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.lower().endswith("_proxy")}
     env["NO_PROXY"] = env["no_proxy"] = ""  # the site is on loopback: it must be proxied
     env["EGRESSD_URL"] = url or (world.discovery_url if world else "")
     env["EGRESSD_TOKEN"] = token or (world.token if world else "")
     return subprocess.run([CLI, *args], env=env, capture_output=True, text=True, timeout=60,
-                          check=False)
+                          check=False, cwd=cwd)
 
 
 def cooldown(world: World, proxy_key: str, target: str) -> str | None:
@@ -110,3 +110,16 @@ def test_no_egressd_and_no_proxy_are_one_line_and_exit_69(world: World) -> None:
 def test_usage_errors_exit_2() -> None:
     assert run(None, "--selector", "novalue", "--", "true").returncode == 2
     assert run(None).returncode == 2
+
+
+@needs_curl
+def test_the_documented_shell_quick_start_reports_a_429(world: World, tmp_path: Path) -> None:
+    # docs/client.md and README, verbatim but for the URL and the target.
+    script = (
+        f'code=$(curl -sS -o page.html -w "%{{http_code}}" {world.site_url}/limited) || exit $?\n'
+        '  case $code in 2??) exit 0;; 429) exit 75;; 403) exit 77;; *) exit 1;; esac')
+    done = run(world, "--selector", "pool=test", "--target", "cli-quickstart.test", "--",
+               "sh", "-c", f'echo "$EGRESSD_PROXY"; {script}', cwd=tmp_path)
+    assert done.returncode == 75, done.stderr
+    assert cooldown(world, done.stdout.strip(), "cli-quickstart.test") == "rate_limited"
+    assert (tmp_path / "page.html").read_text() == "slow down"
