@@ -178,17 +178,12 @@ class FakeCompute:
 
     # -- the API
 
-    def _handle(self, method: str, target: str, raw: bytes,
-                connection: int) -> tuple[int, list[tuple[str, str]], Any]:
-        url = urlsplit(target)
-        query = {k: v[-1] for k, v in parse_qs(url.query).items()}
-        body = json.loads(raw) if raw else None
-        self.requests.append(Recorded(method, url.path, query, body, connection))
-        self._arrived.set()
-        self._arrived = trio.Event()
+    def _injected(self, method: str, path: str,
+                  body: Any) -> tuple[int, list[tuple[str, str]], Any] | None:
+        """The answer of the first armed fault matching the request (None: no fault)."""
         for fault in self.faults:
             if (fault.times > 0 and (fault.method is None or fault.method == method)
-                    and (fault.path_re is None or fault.path_re.search(url.path))):
+                    and (fault.path_re is None or fault.path_re.search(path))):
                 fault.times -= 1
                 headers = [("retry-after", str(fault.retry_after))] if fault.retry_after else []
                 message = fault.message
@@ -200,6 +195,19 @@ class FakeCompute:
                 if fault.status_text:
                     error["error"]["status"] = fault.status_text
                 return fault.status, headers, error
+        return None
+
+    def _handle(self, method: str, target: str, raw: bytes,
+                connection: int) -> tuple[int, list[tuple[str, str]], Any]:
+        url = urlsplit(target)
+        query = {k: v[-1] for k, v in parse_qs(url.query).items()}
+        body = json.loads(raw) if raw else None
+        self.requests.append(Recorded(method, url.path, query, body, connection))
+        self._arrived.set()
+        self._arrived = trio.Event()
+        injected = self._injected(method, url.path, body)
+        if injected is not None:
+            return injected
         if not url.path.startswith(PREFIX):
             return 404, [], _error(404, "notFound", f"no route {url.path}")
         parts = url.path[len(PREFIX):].strip("/").split("/")
@@ -213,13 +221,7 @@ class FakeCompute:
                     return _not_found(f"projects/{p}/zones/{z}/instances/{n}")
                 return 200, [], self.instances[(p, z, n)]
             case ["projects", p, "zones", z, "instances", n], "DELETE":
-                if (p, z, n) not in self.instances:
-                    return _not_found(f"projects/{p}/zones/{z}/instances/{n}")
-                if self._pending_insert(p, z, n):
-                    return 400, [], _error(400, "resourceNotReady", f"The resource 'projects/"
-                                           f"{p}/zones/{z}/instances/{n}' is not ready")
-                del self.instances[(p, z, n)]
-                return 200, [], self._operation(p, z, "delete", n)
+                return self._delete(p, z, n)
             case ["projects", p, "aggregated", "instances"], "GET":
                 return self._list(p, query, zone=None)
             case ["projects", p, "zones", z, "operations", o], "GET":
@@ -227,6 +229,15 @@ class FakeCompute:
             case ["projects", p, "zones", z, "operations", o, "wait"], "POST":
                 return self._get_operation(p, z, o)
         return 404, [], _error(404, "notFound", f"no route {method} {url.path}")
+
+    def _delete(self, p: str, z: str, n: str) -> tuple[int, list[tuple[str, str]], Any]:
+        if (p, z, n) not in self.instances:
+            return _not_found(f"projects/{p}/zones/{z}/instances/{n}")
+        if self._pending_insert(p, z, n):
+            return 400, [], _error(400, "resourceNotReady", f"The resource 'projects/"
+                                   f"{p}/zones/{z}/instances/{n}' is not ready")
+        del self.instances[(p, z, n)]
+        return 200, [], self._operation(p, z, "delete", n)
 
     def _insert(self, project: str, zone: str, body: Any) -> tuple[int, list[tuple[str, str]],
                                                                     Any]:
