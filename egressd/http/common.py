@@ -10,12 +10,24 @@ from quart import Response
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
-from egressd.http.wire import ApiError
+from egressd.http.wire import ApiError, codec
 
 
 def json_response(body: Any, status: int = 200) -> Response:
     return Response(
         json.dumps(body, separators=(",", ":")), status=status, content_type="application/json")
+
+
+def no_content() -> Response:
+    """A 204: no body, so no content type either (Quart would say text/html)."""
+    response = Response(b"", status=204)
+    del response.headers["Content-Type"]
+    return response
+
+
+def reply(value: object, status: int = 200) -> Response:
+    """A wire class (`egressd.http.wire`) as a JSON answer."""
+    return json_response(codec.unstructure(value), status)
 
 
 def _snake(name: str) -> str:

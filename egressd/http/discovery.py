@@ -13,23 +13,24 @@ from quart import Response, request
 from quart_trio import QuartTrio
 
 from egressd.http import middleware
-from egressd.http.common import json_response, new_app
+from egressd.http.common import json_response, new_app, no_content, reply
 from egressd.http.openapi import document
 from egressd.http.source import ProxySource
 from egressd.http.wire import (
     ApiError,
+    Health,
+    ProxyList,
+    grant_view,
     leasable,
     matches,
     parse_bool,
     parse_lease_request,
     parse_report_request,
     parse_selector,
-    proxy_url,
     proxy_view,
-    rfc3339,
 )
 from egressd.leases import Candidate, Grant, LeaseStore, UnknownLeaseError
-from egressd.model.helpers import effective_host, effective_port, is_healthy, max_leases
+from egressd.model.helpers import is_healthy, max_leases
 from egressd.model.proxy import Proxy
 
 log = logging.getLogger(__name__)
@@ -54,11 +55,13 @@ def create_discovery_app(  # noqa: C901 -- its owner splits it (issue 10)
 
     @app.get("/healthz")
     async def healthz() -> Response:
-        return json_response({"status": "ok"})
+        return reply(Health("ok"))
+
+    openapi_document = document(max_ttl=max_ttl, default_ttl=default_ttl)
 
     @app.get("/openapi.json")
     async def openapi() -> Response:
-        return json_response(document(max_ttl=max_ttl, default_ttl=default_ttl))
+        return json_response(openapi_document)
 
     @app.get("/v1/proxies")
     async def list_proxies() -> Response:
@@ -79,7 +82,7 @@ def create_discovery_app(  # noqa: C901 -- its owner splits it (issue 10)
             if matches(p, selector) and (healthy is None or (is_healthy(p) is True) is healthy)
         ]
         usage = await store.usage(p.key for p in chosen)
-        return json_response({"items": [proxy_view(p, usage.get(p.key)) for p in chosen]})
+        return reply(ProxyList(tuple(proxy_view(p, usage.get(p.key)) for p in chosen)))
 
     @app.post("/v1/leases")
     async def acquire() -> Response:
@@ -113,24 +116,15 @@ def create_discovery_app(  # noqa: C901 -- its owner splits it (issue 10)
                 },
             )
         lease = outcome.lease
-        proxy = by_key[lease.key]
         usage = (await store.usage([lease.key])).get(lease.key)
-        view = proxy_view(proxy, usage)
-        view["activeLeases"] = outcome.active_leases
-        host = effective_host(proxy)
-        assert host is not None  # leasable() checked it
-        return json_response({
-            "leaseId": lease.id,
-            "proxy": view,
-            "proxyUrl": proxy_url(host, effective_port(proxy)),
-            "expiresAt": rfc3339(lease.expires_at),
-            "activeLeases": outcome.active_leases,
-        }, 201)
+        return reply(grant_view(
+            by_key[lease.key], usage, lease_id=lease.id, expires_at=lease.expires_at,
+            active_leases=outcome.active_leases), 201)
 
     @app.delete("/v1/leases/<lease_id>")
     async def release(lease_id: str) -> Response:
         await store.release(lease_id)
-        return Response("", status=204)
+        return no_content()
 
     @app.post("/v1/leases/<lease_id>/report")
     async def report(lease_id: str) -> Response:
@@ -141,7 +135,7 @@ def create_discovery_app(  # noqa: C901 -- its owner splits it (issue 10)
         except UnknownLeaseError:
             raise ApiError("unknown_lease", "no such lease (never issued, or long expired)",
                            status=404) from None
-        return Response("", status=204)
+        return no_content()
 
     app.asgi_app = middleware.wrap(app.asgi_app, token=token)  # type: ignore[method-assign,assignment]
     return app

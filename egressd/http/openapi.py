@@ -1,210 +1,175 @@
-"""The discovery API described as OpenAPI 3.1 (served at `/openapi.json`).
+"""The discovery API as OpenAPI 3.1 (served at `/openapi.json`), generated from its classes.
 
-Tests check that every route of the app is here (and nothing else is), and
-validate real responses against these schemas, so the document stays true.
+`OPERATIONS` names each route's parameters, body class and answer classes; the
+schemas come from those classes through the same codec that reads and writes
+them (`egressd.codec.schema_of`), so a field added to a class is in the
+document at once. Tests check that every route of the app is here (and nothing
+else is), and every real answer (status, content type, body) against it.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
+from typing import Annotated, Any
 
-from egressd.leases import Result
+import attrs
 
-ERROR_CODES = (
-    "invalid_body", "invalid_ttl", "invalid_result", "invalid_selector", "invalid_query",
-    "no_proxy_available", "unknown_lease", "unauthorized", "body_too_large", "body_timeout",
-    "not_found", "invalid_header",
-    "method_not_allowed", "internal_error",
+from egressd.codec import Doc, Schema, SchemaOnly, schema_of
+from egressd.http.wire import (
+    SELECTOR_PATTERN,
+    Error,
+    Health,
+    LeaseGrant,
+    LeaseRequest,
+    NoProxyAvailable,
+    ProxyList,
+    Report,
+    codec,
 )
 
-_STR_MAP = {"type": "object", "additionalProperties": {"type": "string"}}
 
-_COOLDOWN = {
-    "type": "object",
-    "required": ["until", "reason"],
-    "additionalProperties": False,
-    "properties": {
-        "until": {"type": "string", "format": "date-time"},
-        "reason": {"type": "string", "enum": ["rate_limited", "banned"]},
-    },
+@attrs.frozen(kw_only=True)
+class Reply:
+    """One documented answer: its body class (None: no body) and content type."""
+
+    description: str
+    body: type | None = None
+    content_type: str | None = None
+    """Defaults to application/json when there is a body."""
+    headers: Mapping[str, str] = attrs.field(factory=dict)
+    """Header name → description (always sent with this answer)."""
+
+
+@attrs.frozen(kw_only=True)
+class Param:
+    """A query or path parameter; `type` may carry `Annotated` checks and docs."""
+
+    name: str
+    type: Any
+    where: str = "query"
+
+
+@attrs.frozen(kw_only=True)
+class Operation:
+    """One route and method."""
+
+    method: str
+    path: str
+    summary: str
+    params: tuple[Param, ...] = ()
+    body: type | None = None
+    body_required: bool = False
+    replies: Mapping[int, Reply]
+    authenticated: bool = True
+
+
+def _error(description: str) -> Reply:
+    return Reply(description=description, body=Error)
+
+
+ERRORS: Mapping[int, Reply] = {
+    400: _error("malformed request"),
+    401: Reply(description="missing or wrong bearer token", body=Error,
+               headers={"WWW-Authenticate": "Bearer realm=\"egressd\""}),
+    408: _error("body not received within 60 s"),
+    413: _error("body larger than 64 KiB"),
 }
+"""What any authenticated operation may answer before it runs (the middleware)."""
 
-_PROXY_VIEW = {
-    "type": "object",
-    "additionalProperties": False,
-    "required": ["namespace", "name", "host", "port", "attributes", "healthy", "latencyMs",
-                 "activeLeases", "maxLeases", "phase", "cooldowns"],
-    "properties": {
-        "namespace": {"type": "string"},
-        "name": {"type": "string"},
-        "host": {"type": ["string", "null"], "description": "null until the proxy has an address"},
-        "port": {"type": "integer"},
-        "attributes": _STR_MAP,
-        "healthy": {"type": "boolean", "description": "the health engine's verdict is healthy"},
-        "latencyMs": {"type": ["integer", "null"]},
-        "activeLeases": {"type": "integer"},
-        "maxLeases": {"type": "integer"},
-        "phase": {"type": ["string", "null"]},
-        "cooldowns": {
-            "type": "object",
-            "description": 'cooldowns in force, by target; "*" is global',
-            "additionalProperties": {"$ref": "#/components/schemas/Cooldown"},
-        },
-    },
-}
+LEASE_ID = Param(name="leaseId", type=str, where="path")
 
-_ERROR = {
-    "type": "object",
-    "required": ["error", "message"],
-    "properties": {
-        "error": {"type": "string", "enum": list(ERROR_CODES)},
-        "message": {"type": "string"},
-    },
-}
-
-_NO_PROXY = {
-    "type": "object",
-    "required": ["error", "message", "considered", "unhealthy", "atCapacity", "inCooldown"],
-    "additionalProperties": False,
-    "properties": {
-        "error": {"type": "string", "enum": ["no_proxy_available"]},
-        "message": {"type": "string"},
-        "considered": {"type": "integer", "description": "proxies matching the selector"},
-        "unhealthy": {"type": "integer",
-                      "description": "matches not leasable: no healthy verdict, no host, deleting"},
-        "atCapacity": {"type": "integer"},
-        "inCooldown": {"type": "integer"},
-    },
-}
-
-_TARGET = {"type": "string", "maxLength": 253,
-           "description": 'the site the proxy is for; "" means none, "*" is reserved'}
+OPERATIONS: tuple[Operation, ...] = (
+    Operation(method="get", path="/healthz", summary="liveness; needs no token",
+              authenticated=False,
+              replies={200: Reply(description="alive", body=Health),
+                       400: _error("more than one Authorization header")}),
+    Operation(method="get", path="/openapi.json", summary="this document",
+              replies={200: Reply(description="OpenAPI 3.1", content_type="application/json")}),
+    Operation(
+        method="get", path="/v1/proxies", summary="list proxies",
+        params=(
+            Param(name="selector", type=Annotated[str, SchemaOnly({"pattern": SELECTOR_PATTERN}),
+                                                  Doc("k=v,k2=v2: attributes the proxies must "
+                                                      "have (a key twice with two values is "
+                                                      "refused)")]),
+            Param(name="healthy", type=Annotated[bool, Doc(
+                "only healthy (true) or only not healthy (false) proxies")]),
+        ),
+        replies={200: Reply(description="the matching proxies", body=ProxyList)}),
+    Operation(
+        method="post", path="/v1/leases", summary="lease a proxy", body=LeaseRequest,
+        replies={201: Reply(description="leased", body=LeaseGrant),
+                 409: Reply(description="no matching proxy is free", body=NoProxyAvailable)}),
+    Operation(
+        method="delete", path="/v1/leases/{leaseId}", summary="give a lease back (idempotent)",
+        params=(LEASE_ID,), replies={204: Reply(description="released, or already gone")}),
+    Operation(
+        method="post", path="/v1/leases/{leaseId}/report",
+        summary="report what the client saw through the proxy",
+        params=(LEASE_ID,), body=Report, body_required=True,
+        replies={204: Reply(description="recorded"), 404: _error("unknown lease")}),
+)
 
 
-def _lease_request(max_ttl: float, default_ttl: float) -> dict[str, Any]:
-    return {
-        "type": "object",
-        "additionalProperties": False,
-        "properties": {
-            "selector": {**_STR_MAP, "description": "attributes the proxy must have"},
-            "target": _TARGET,
-            "ttlSeconds": {"type": "number", "exclusiveMinimum": 0, "maximum": max_ttl,
-                           "default": default_ttl},
-        },
-    }
+def _reply(reply: Reply, components: dict[str, Schema]) -> Schema:
+    out: Schema = {"description": reply.description}
+    content_type = reply.content_type or ("application/json" if reply.body else None)
+    if content_type:
+        media: Schema = {}
+        if reply.body is not None:
+            media["schema"] = schema_of(codec, reply.body, components, writing=True)
+        out["content"] = {content_type: media}
+    if reply.headers:
+        out["headers"] = {
+            name: {"description": text, "required": True, "schema": {"type": "string"}}
+            for name, text in reply.headers.items()}
+    return out
 
 
-_GRANT = {
-    "type": "object",
-    "additionalProperties": False,
-    "required": ["leaseId", "proxy", "proxyUrl", "expiresAt", "activeLeases"],
-    "properties": {
-        "leaseId": {"type": "string"},
-        "proxy": {"$ref": "#/components/schemas/ProxyView"},
-        "proxyUrl": {"type": "string", "description": "http://host:port"},
-        "expiresAt": {"type": "string", "format": "date-time"},
-        "activeLeases": {"type": "integer"},
-    },
-}
-
-_REPORT = {
-    "type": "object",
-    "additionalProperties": False,
-    "required": ["result"],
-    "properties": {
-        "result": {"type": "string", "enum": [r.value for r in Result],
-                   "description": "proxy_error: the proxy itself failed (refused, timed "
-                                  "out, 407); no cooldown, counts as a failed probe"},
-        "target": _TARGET,
-        "retryAfterSeconds": {"type": "number", "minimum": 0,
-                              "description": "the site's Retry-After; bounded to 1 s..max"},
-    },
-}
+def _operation(op: Operation, components: dict[str, Schema]) -> Schema:
+    replies = {**ERRORS, **op.replies} if op.authenticated else dict(op.replies)
+    out: Schema = {"summary": op.summary, "operationId": _operation_id(op)}
+    if not op.authenticated:
+        out["security"] = []
+    if op.params:
+        out["parameters"] = [_param(p, components) for p in op.params]
+    if op.body is not None:
+        out["requestBody"] = {"required": op.body_required, "content": {"application/json": {
+            "schema": schema_of(codec, op.body, components, writing=False)}}}
+    out["responses"] = {str(status): _reply(replies[status], components)
+                        for status in sorted(replies)}
+    return out
 
 
-def _json(schema: str, description: str) -> dict[str, Any]:
-    return {"description": description,
-            "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{schema}"}}}}
+def _param(param: Param, components: dict[str, Schema]) -> Schema:
+    schema = schema_of(codec, param.type, components, writing=False)
+    out: Schema = {"name": param.name, "in": param.where, "required": param.where == "path"}
+    if "description" in schema:
+        out["description"] = schema.pop("description")
+    out["schema"] = schema
+    return out
 
 
-_ERRORS = {
-    "400": _json("Error", "malformed request"),
-    "401": _json("Error", "missing or wrong bearer token"),
-    "408": _json("Error", "body not received within 60 s"),
-    "413": _json("Error", "body larger than 64 KiB"),
-}
-
-_LEASE_ID = {"name": "leaseId", "in": "path", "required": True, "schema": {"type": "string"}}
+def _operation_id(op: Operation) -> str:
+    words = [w.strip("{}") for w in op.path.split("/") if w and w != "v1"]
+    return op.method + "".join(w[:1].upper() + w[1:] for w in words).replace(".", "")
 
 
 def document(*, max_ttl: float, default_ttl: float) -> dict[str, Any]:
     """The OpenAPI document for an API with these TTL limits."""
+    components: dict[str, Schema] = {}
+    paths: dict[str, dict[str, Schema]] = {}
+    for op in OPERATIONS:
+        paths.setdefault(op.path, {})[op.method] = _operation(op, components)
+    ttl = components["LeaseRequest"]["properties"]["ttlSeconds"]
+    ttl.update(maximum=max_ttl, default=default_ttl)
     return {
         "openapi": "3.1.0",
         "info": {"title": "egressd discovery API", "version": "v1"},
         "components": {
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
-            "schemas": {
-                "Cooldown": _COOLDOWN,
-                "ProxyView": _PROXY_VIEW,
-                "ProxyList": {
-                    "type": "object", "required": ["items"], "additionalProperties": False,
-                    "properties": {"items": {"type": "array",
-                                             "items": {"$ref": "#/components/schemas/ProxyView"}}},
-                },
-                "LeaseRequest": _lease_request(max_ttl, default_ttl),
-                "Grant": _GRANT,
-                "Report": _REPORT,
-                "Error": _ERROR,
-                "NoProxyAvailable": _NO_PROXY,
-                "Health": {"type": "object", "required": ["status"],
-                           "properties": {"status": {"type": "string"}}},
-            },
+            "schemas": dict(sorted(components.items())),
         },
         "security": [{"bearer": []}],
-        "paths": {
-            "/healthz": {"get": {
-                "summary": "liveness; needs no token", "security": [],
-                "responses": {"200": _json("Health", "alive")},
-            }},
-            "/openapi.json": {"get": {
-                "summary": "this document",
-                "responses": {"200": {"description": "OpenAPI 3.1",
-                                      "content": {"application/json": {}}}, **_ERRORS},
-            }},
-            "/v1/proxies": {"get": {
-                "summary": "list proxies",
-                "parameters": [
-                    {"name": "selector", "in": "query", "schema": {"type": "string"},
-                     "description": "k=v,k2=v2: attributes the proxies must have"},
-                    {"name": "healthy", "in": "query", "schema": {"type": "boolean"},
-                     "description": "only healthy (true) or only not healthy (false) proxies"},
-                ],
-                "responses": {"200": _json("ProxyList", "the matching proxies"), **_ERRORS},
-            }},
-            "/v1/leases": {"post": {
-                "summary": "lease a proxy",
-                "requestBody": {"required": False, "content": {"application/json": {
-                    "schema": {"$ref": "#/components/schemas/LeaseRequest"}}}},
-                "responses": {
-                    "201": _json("Grant", "leased"),
-                    **_ERRORS,
-                    "409": _json("NoProxyAvailable", "no matching proxy is free"),
-                },
-            }},
-            "/v1/leases/{leaseId}": {"delete": {
-                "summary": "give a lease back (idempotent)",
-                "parameters": [_LEASE_ID],
-                "responses": {"204": {"description": "released, or already gone"},
-                              **_ERRORS},
-            }},
-            "/v1/leases/{leaseId}/report": {"post": {
-                "summary": "report what the client saw through the proxy",
-                "parameters": [_LEASE_ID],
-                "requestBody": {"required": True, "content": {"application/json": {
-                    "schema": {"$ref": "#/components/schemas/Report"}}}},
-                "responses": {"204": {"description": "recorded"}, **_ERRORS,
-                              "404": _json("Error", "unknown lease")},
-            }},
-        },
+        "paths": paths,
     }

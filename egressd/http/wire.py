@@ -1,28 +1,56 @@
-"""The discovery API's wire forms (SPEC §7): strict request parsing and response views.
+"""The discovery API's wire types (SPEC §7): request bodies and answers as frozen classes.
 
-Parsing is strict so a typo never silently means something else: unknown
-fields, wrong JSON types, duplicate keys, NaN/Infinity and non-objects are all
-`ApiError`s with the `{"error", "message"}` shape. Nothing here touches state.
+One codec (`egressd.codec`, the house's converter factory) reads the bodies
+and writes the answers, and `openapi.py` generates the document from these same
+classes, so the two cannot drift. Parsing is strict so a typo never silently
+means something else: unknown fields, wrong JSON types, duplicate keys,
+NaN/Infinity and non-objects are all `ApiError`s with the `{"error",
+"message"}` shape, the message naming each bad field. `null` for an optional
+field means "left out" (the document says so). Nothing here touches state.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import json
-import math
+import re
 from collections.abc import Mapping
-from typing import Any
+from typing import Annotated, Any, TypeVar
 
 import attrs
 
+from egressd.codec import (
+    VALUE_WORDS,
+    Codec,
+    Doc,
+    SchemaOnly,
+    WireError,
+    at_least,
+    max_length,
+    not_one_of,
+    one_of,
+)
 from egressd.leases import GLOBAL, Cooldown, Result, Usage
 from egressd.model.constants import GLOBAL_COOLDOWN_KEY, Phase
-from egressd.model.convert import format_time
 from egressd.model.helpers import effective_host, effective_port, is_healthy, max_leases
 from egressd.model.proxy import Proxy
+from egressd.timestamps import format_wall
+
+T = TypeVar("T")
 
 MAX_TARGET = 253
 """Longest target accepted (a DNS name is at most 253 characters)."""
+
+ERROR_CODES = (
+    "invalid_body", "invalid_ttl", "invalid_result", "invalid_selector", "invalid_query",
+    "no_proxy_available", "unknown_lease", "unauthorized", "body_too_large", "body_timeout",
+    "not_found", "invalid_header",
+    "method_not_allowed", "internal_error",
+)
+"""Every `error` code the API answers with."""
+
+codec = Codec(words=VALUE_WORDS, forbid_extra_keys=True, omit_none=False)
+"""Bodies: unknown keys refused, `null` is "left out". Answers: None written as null."""
 
 
 class ApiError(Exception):
@@ -41,9 +69,40 @@ class ApiError(Exception):
         return {"error": self.code, "message": self.message, **self.extra}
 
 
+# --- requests ---------------------------------------------------------------------------
+
+Target = Annotated[
+    str, max_length(MAX_TARGET),
+    not_one_of({GLOBAL_COOLDOWN_KEY}, "reserved for global cooldowns"),
+    Doc('the site the proxy is for; "" or null means none ("*" is reserved)')]
+
+
 @attrs.frozen(kw_only=True)
 class LeaseRequest:
-    """A parsed `POST /v1/leases` body."""
+    """A `POST /v1/leases` body; an empty body asks for any proxy."""
+
+    selector: Annotated[Mapping[str, str], Doc("attributes the proxy must have")] | None = None
+    target: Target | None = None
+    # The bounds are the daemon's flags: checked by `parse_lease_request` (invalid_ttl)
+    # and written into the document by `openapi.document`.
+    ttl_seconds: Annotated[float, SchemaOnly({"exclusiveMinimum": 0})] | None = None
+
+
+@attrs.frozen(kw_only=True)
+class Report:
+    """A `POST /v1/leases/{id}/report` body: what the client saw through the proxy."""
+
+    result: Annotated[Result, Doc(
+        "proxy_error: the proxy itself failed (refused, timed out, 407); no cooldown, "
+        "counts as a failed probe")]
+    target: Target | None = None
+    retry_after_seconds: Annotated[
+        float, at_least(0), Doc("the site's Retry-After; bounded to 1 s..max")] | None = None
+
+
+@attrs.frozen(kw_only=True)
+class Acquire:
+    """A lease request with the defaults applied."""
 
     selector: Mapping[str, str]
     target: str
@@ -52,14 +111,12 @@ class LeaseRequest:
 
 @attrs.frozen(kw_only=True)
 class ReportRequest:
-    """A parsed `POST /v1/leases/{id}/report` body."""
+    """A report as the store takes it."""
 
     result: Result
     target: str | None
     retry_after: float | None
 
-
-# --- requests ---------------------------------------------------------------------------
 
 def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")
@@ -89,91 +146,58 @@ def json_object(data: bytes, *, empty: dict[str, Any] | None = None) -> dict[str
     return value
 
 
-def _check_fields(body: Mapping[str, Any], allowed: tuple[str, ...]) -> None:
-    unknown = sorted(set(body) - set(allowed))
-    if unknown:
-        raise ApiError(
-            "invalid_body",
-            f"unknown field(s) {', '.join(unknown)} (allowed: {', '.join(allowed)})")
+def _read(raw: dict[str, Any], cls: type[T], *, code_of: Mapping[str, str]) -> T:
+    """`raw` as a `cls`; an ApiError naming every problem. A problem at a field named in
+    `code_of` gets that error code, unless the body also has unknown fields."""
+    try:
+        return codec.structure(raw, cls)
+    except WireError as exc:
+        message = "; ".join(str(p) for p in exc.problems)
+        unknown = any(p.message == codec.words.unknown for p in exc.problems)
+        codes = [code_of[p.path] for p in exc.problems if p.path in code_of]
+        raise ApiError("invalid_body" if unknown or not codes else codes[0], message) from None
 
 
-def _number(value: Any, field: str) -> float:
-    # bool is an int in Python, but `true` is not a number in JSON.
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ApiError("invalid_body", f"{field} must be a number")
-    if isinstance(value, float) and not math.isfinite(value):
-        raise ApiError("invalid_body", f"{field} must be finite")
-    return value
-
-
-def _target(value: Any, field: str = "target") -> str | None:
-    if value is None:
-        return None
-    if not isinstance(value, str):
-        raise ApiError("invalid_body", f"{field} must be a string")
-    if len(value) > MAX_TARGET:
-        raise ApiError("invalid_body", f"{field} longer than {MAX_TARGET} characters")
-    if value == GLOBAL_COOLDOWN_KEY:
-        raise ApiError("invalid_body", f"{field} {value!r} is reserved for global cooldowns")
-    return value or None
-
-
-def parse_lease_request(data: bytes, *, default_ttl: float, max_ttl: float) -> LeaseRequest:
+def parse_lease_request(data: bytes, *, default_ttl: float, max_ttl: float) -> Acquire:
     """Parse a lease request. An empty body asks for any proxy (`curl -X POST` works).
 
     ttlSeconds is never clamped (SPEC §7): 0, negative or above `max_ttl` is
     `invalid_ttl`, so a client asking for too much finds out.
     """
-    body = json_object(data, empty={})
-    _check_fields(body, ("selector", "target", "ttlSeconds"))
-    raw_selector = body.get("selector", {})
-    if raw_selector is None:
-        raw_selector = {}
-    if not isinstance(raw_selector, dict) or not all(
-        isinstance(v, str) for v in raw_selector.values()
-    ):
-        raise ApiError("invalid_body", "selector must be an object of string values")
-    ttl: float = default_ttl
-    if body.get("ttlSeconds") is not None:
-        ttl = _number(body["ttlSeconds"], "ttlSeconds")
-        if ttl <= 0 or ttl > max_ttl:
-            raise ApiError(
-                "invalid_ttl", f"ttlSeconds must be above 0 and at most {max_ttl:g}, got {ttl}")
-    return LeaseRequest(
-        selector=raw_selector, target=_target(body.get("target")) or GLOBAL, ttl=float(ttl))
+    body = _read(json_object(data, empty={}), LeaseRequest, code_of={})
+    ttl = default_ttl if body.ttl_seconds is None else body.ttl_seconds
+    if ttl <= 0 or ttl > max_ttl:
+        raise ApiError(
+            "invalid_ttl", f"ttlSeconds must be above 0 and at most {max_ttl:g}, got {ttl:g}")
+    return Acquire(selector=body.selector or {}, target=body.target or GLOBAL, ttl=float(ttl))
 
 
 def parse_report_request(data: bytes) -> ReportRequest:
     """Parse a report. retryAfterSeconds is bounded later by the store (SPEC §7)."""
-    body = json_object(data)
-    _check_fields(body, ("result", "target", "retryAfterSeconds"))
-    raw = body.get("result")
-    try:
-        result = Result(raw) if isinstance(raw, str) else None
-    except ValueError:
-        result = None
-    if result is None:
-        choices = ", ".join(r.value for r in Result)
-        raise ApiError("invalid_result", f"result must be one of {choices}")
-    retry_after = None
-    if body.get("retryAfterSeconds") is not None:
-        retry_after = _number(body["retryAfterSeconds"], "retryAfterSeconds")
-        if retry_after < 0:
-            raise ApiError("invalid_body", "retryAfterSeconds must not be negative")
+    body = _read(json_object(data), Report, code_of={"result": "invalid_result"})
     return ReportRequest(
-        result=result, target=_target(body.get("target")), retry_after=retry_after)
+        result=body.result, target=body.target or None, retry_after=body.retry_after_seconds)
+
+
+_WS = " \t\n\r\f\v"
+_TERM = rf"[^,=]*[^,={_WS}][^,=]*=[^,]*"
+SELECTOR_PATTERN = rf"^([{_WS}]*|{_TERM}(,{_TERM})*)$"
+"""`k=v,k2=v2`: a non-blank key, `=`, any value. Python and JSON Schema (ECMA) read it
+alike: only ASCII white space is blank (`str.strip()` would take Unicode's too)."""
+_SELECTOR = re.compile(SELECTOR_PATTERN)
 
 
 def parse_selector(text: str) -> dict[str, str]:
-    """`k=v,k2=v2` as a dict; empty text selects everything."""
+    """`k=v,k2=v2` as a dict; empty text selects everything; a key given twice with two
+    values is refused (it could never match)."""
+    if not _SELECTOR.match(text):
+        raise ApiError("invalid_selector", f"selector {text!r} is not k=v,k2=v2")
     selector: dict[str, str] = {}
-    if not text.strip():
+    if not text.strip(_WS):
         return selector
     for part in text.split(","):
-        key, sep, value = part.partition("=")
-        key, value = key.strip(), value.strip()
-        if not sep or not key:
-            raise ApiError("invalid_selector", f"selector term {part!r} is not key=value")
+        key, _, value = part.partition("=")
+        key, value = key.strip(_WS), value.strip(_WS)
         if key in selector and selector[key] != value:
             raise ApiError("invalid_selector", f"selector names {key!r} twice")
         selector[key] = value
@@ -187,6 +211,80 @@ def parse_bool(text: str, field: str) -> bool:
     if low in ("false", "0"):
         return False
     raise ApiError("invalid_query", f"{field} must be true or false, got {text!r}")
+
+
+# --- answers ----------------------------------------------------------------------------
+
+@attrs.frozen(kw_only=True)
+class CooldownView:
+    """A cooldown in force."""
+
+    until: dt.datetime
+    reason: Annotated[str, one_of(("rate_limited", "banned"))]
+
+
+@attrs.frozen(kw_only=True)
+class ProxyView:
+    """A proxy as the API shows it."""
+
+    namespace: str
+    name: str
+    host: Annotated[str, Doc("null until the proxy has an address")] | None
+    port: int
+    attributes: Mapping[str, str]
+    healthy: Annotated[bool, Doc("the health engine's verdict is healthy")]
+    latency_ms: int | None
+    active_leases: int
+    max_leases: int
+    phase: Phase | None
+    cooldowns: Annotated[
+        Mapping[str, CooldownView], Doc('cooldowns in force, by target; "*" is global')]
+
+
+@attrs.frozen
+class ProxyList:
+    """The proxies that match, in key order."""
+
+    items: tuple[ProxyView, ...]
+
+
+@attrs.frozen(kw_only=True)
+class LeaseGrant:
+    """A lease granted."""
+
+    lease_id: str
+    proxy: ProxyView
+    proxy_url: Annotated[str, Doc("http://host:port")]
+    expires_at: dt.datetime
+    active_leases: int
+
+
+@attrs.frozen(kw_only=True)
+class Error:
+    """Every refusal: a code and a message for people."""
+
+    error: Annotated[str, one_of(ERROR_CODES)]
+    message: str
+
+
+@attrs.frozen(kw_only=True)
+class NoProxyAvailable:
+    """No matching proxy is free: how many matched and why each was refused."""
+
+    error: Annotated[str, one_of(("no_proxy_available",))]
+    message: str
+    considered: Annotated[int, Doc("proxies matching the selector")]
+    unhealthy: Annotated[int, Doc(
+        "matches not leasable: no healthy verdict, no host, deleting")]
+    at_capacity: int
+    in_cooldown: int
+
+
+@attrs.frozen
+class Health:
+    """The process answers."""
+
+    status: str
 
 
 # --- selection helpers -------------------------------------------------------------------
@@ -211,36 +309,55 @@ def leasable(proxy: Proxy) -> bool:
     )
 
 
-# --- responses ---------------------------------------------------------------------------
+def _wall(seconds: float) -> dt.datetime:
+    return dt.datetime.fromtimestamp(seconds, tz=dt.UTC)
+
 
 def rfc3339(wall: float) -> str:
-    return format_time(dt.datetime.fromtimestamp(wall, tz=dt.UTC))
+    """A wall-clock time (`time.time()`) as the API writes it."""
+    return format_wall(wall)
 
 
-def cooldowns_view(cooldowns: Mapping[str, Cooldown]) -> dict[str, dict[str, str]]:
+def cooldowns_view(cooldowns: Mapping[str, Cooldown]) -> dict[str, CooldownView]:
     """Keyed like `status.cooldowns`: the target, or "*" for global."""
     return {
-        (target or GLOBAL_COOLDOWN_KEY): {"until": rfc3339(cd.until), "reason": cd.reason.value}
+        (target or GLOBAL_COOLDOWN_KEY): CooldownView(until=_wall(cd.until),
+                                                      reason=cd.reason.value)
         for target, cd in cooldowns.items()
     }
 
 
-def proxy_view(proxy: Proxy, usage: Usage | None) -> dict[str, Any]:
+def proxy_view(proxy: Proxy, usage: Usage | None, *,
+               active_leases: int | None = None) -> ProxyView:
+    """`proxy` as the API shows it; `active_leases` overrides the usage's count."""
     usage = usage or Usage()
-    phase = proxy.status.phase
-    return {
-        "namespace": proxy.metadata.namespace,
-        "name": proxy.metadata.name,
-        "host": effective_host(proxy),
-        "port": effective_port(proxy),
-        "attributes": dict(proxy.spec.attributes),
-        "healthy": is_healthy(proxy) is True,
-        "latencyMs": proxy.status.latency_ms,
-        "activeLeases": usage.active_leases,
-        "maxLeases": max_leases(proxy.spec),
-        "phase": None if phase is None else str(phase),
-        "cooldowns": cooldowns_view(usage.cooldowns),
-    }
+    return ProxyView(
+        namespace=proxy.metadata.namespace,
+        name=proxy.metadata.name,
+        host=effective_host(proxy),
+        port=effective_port(proxy),
+        attributes=dict(proxy.spec.attributes),
+        healthy=is_healthy(proxy) is True,
+        latency_ms=proxy.status.latency_ms,
+        active_leases=usage.active_leases if active_leases is None else active_leases,
+        max_leases=max_leases(proxy.spec),
+        phase=proxy.status.phase,
+        cooldowns=cooldowns_view(usage.cooldowns),
+    )
+
+
+def grant_view(proxy: Proxy, usage: Usage | None, *, lease_id: str, expires_at: float,
+               active_leases: int) -> LeaseGrant:
+    """The answer to an acquire (the proxy is leasable: it has a host)."""
+    host = effective_host(proxy)
+    assert host is not None  # leasable() checked it
+    return LeaseGrant(
+        lease_id=lease_id,
+        proxy=proxy_view(proxy, usage, active_leases=active_leases),
+        proxy_url=proxy_url(host, effective_port(proxy)),
+        expires_at=_wall(expires_at),
+        active_leases=active_leases,
+    )
 
 
 def proxy_url(host: str, port: int) -> str:

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from datetime import datetime
+from typing import Annotated
 
 import attrs
 
+from egressd.codec import one_of
 from egressd.model.constants import (
     CONDITION_STATUSES,
     DEFAULT_FAILURE_THRESHOLD,
@@ -95,7 +97,8 @@ class Condition:
     """One entry of `status.conditions`, shaped like metav1.Condition."""
 
     type: str
-    status: str = attrs.field(validator=attrs.validators.in_(CONDITION_STATUSES), kw_only=True)
+    status: Annotated[str, one_of(CONDITION_STATUSES)] = attrs.field(
+        validator=attrs.validators.in_(CONDITION_STATUSES), kw_only=True)
     last_transition_time: datetime = attrs.field(kw_only=True)
     reason: str = attrs.field(default="", kw_only=True)
     message: str = attrs.field(default="", kw_only=True)

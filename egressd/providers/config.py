@@ -2,20 +2,32 @@
 
 Every mistake is collected, not just the first, each with its path inside the
 file (`providers[1].gcp.zonee: unknown field`), so one `egressd check-config`
-run shows all of them. Wire names are camelCase (`machineType`); the parsed
-values are frozen attrs classes with snake_case fields.
+run shows all of them. The blocks are read by the house codec (`egressd.codec`):
+wire names are camelCase (`machineType`), each field's rule is an `Annotated`
+check beside its type, and the parsed values are frozen attrs classes. Only the
+entry's `type` → block dispatch is written here by hand.
 """
 
 from __future__ import annotations
 
-import ipaddress
 import re
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Annotated, Any
 
 import attrs
 import yaml
 
+from egressd.codec import (
+    CIDR,
+    NON_EMPTY,
+    TYPE_WORDS,
+    Check,
+    Codec,
+    Doc,
+    WireError,
+    matches,
+    min_items,
+)
 from egressd.errors import ConfigError
 
 GCP = "gcp"
@@ -31,6 +43,10 @@ _DNS_LABEL_RE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _TAG_RE = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
 _NAME_RE = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 
+Text = Annotated[str, NON_EMPTY]
+NetworkTag = Annotated[str, matches(_TAG_RE, "a network tag (lower-case letters, digits, '-')")]
+Cidr = Annotated[str, CIDR]
+
 
 class ProvidersConfigError(ConfigError):
     """The providers config cannot be used; `problems` lists every mistake with its path."""
@@ -44,21 +60,21 @@ class ProvidersConfigError(ConfigError):
 class GcpConfig:
     """A GCP Compute Engine provider: where and how its VMs are made."""
 
-    project: str | None = None
+    project: Text | None = None
     """The project; unset means the project of the Application Default Credentials."""
-    zone: str
+    zone: Annotated[str, matches(ZONE_RE, "a zone (like europe-west1-b)")]
     """Default zone; a Proxy's `placement.zone` overrides it."""
-    machine_type: str
+    machine_type: Text
     """Default machine type (`e2-micro`); `placement.machineType` overrides it."""
-    image: str
+    image: Text
     """Boot image, e.g. `projects/ubuntu-os-cloud/global/images/family/ubuntu-2404-lts-amd64`."""
-    network: str = "default"
+    network: Text = "default"
     """VPC network name or URL."""
-    subnetwork: str | None = None
+    subnetwork: Text | None = None
     """Subnetwork name or URL (needed for custom-mode networks)."""
-    network_tags: tuple[str, ...] = ()
+    network_tags: tuple[NetworkTag, ...] = ()
     """Network tags on every VM, to pair with a firewall rule."""
-    credentials_file: str | None = None
+    credentials_file: Text | None = None
     """A service-account key file; unset means Application Default Credentials."""
 
 
@@ -75,11 +91,11 @@ PRIVATE_SOURCES = (
 class KubernetesConfig:
     """A Kubernetes provider: Squid Pods in one namespace."""
 
-    namespace: str
+    namespace: Annotated[str, matches(_DNS_LABEL_RE, "a namespace name (a DNS label)")]
     """Namespace the Pods are created in."""
-    image: str
+    image: Text
     """Container image with Squid and a POSIX shell (e.g. `ubuntu/squid:6.6-24.04_edge`)."""
-    allowed_sources: tuple[str, ...] = PRIVATE_SOURCES
+    allowed_sources: Annotated[tuple[Cidr, ...], min_items(1)] = PRIVATE_SOURCES
     """CIDRs allowed to use the proxies (default: private and CGNAT ranges)."""
 
 
@@ -107,174 +123,85 @@ class ProvidersConfig:
         return [p.name for p in self.providers]
 
 
-# --- the schema -----------------------------------------------------------
+# --- parsing --------------------------------------------------------------
 
-Check = Callable[[Any], str | None]
+codec = Codec(words=TYPE_WORDS, forbid_extra_keys=True, null_is_absent=False)
+"""Config files are strict: an unknown key or a `null` is a mistake, not a default."""
 
-
-@attrs.frozen
-class _Field:
-    wire: str
-    attr: str
-    kind: str  # "str" or "str-list"
-    required: bool
-    check: Check | None = None
-    min_items: int = 0
+_KNOWN_TYPE = Check(lambda v: None if v in TYPES else
+                    f"unknown type {v!r} (one of {', '.join(TYPES)})")
+_BLOCKS: dict[str, type[GcpConfig] | type[KubernetesConfig]] = {
+    GCP: GcpConfig, KUBERNETES: KubernetesConfig}
 
 
-def _matches(pattern: re.Pattern[str], what: str) -> Check:
-    def check(value: Any) -> str | None:
-        return None if pattern.match(value) else f"{value!r} is not {what}"
+@attrs.frozen(kw_only=True)
+class _Entry:
+    """An entry as written: its type's block is read once the type is known to be valid."""
 
-    return check
+    name: Annotated[str, matches(_NAME_RE, "a valid name (letters, digits, '-', '_', '.'; "
+                                           "alphanumeric at both ends)")]
+    type: Annotated[str, _KNOWN_TYPE, Doc("one of gcp, kubernetes")] | None = None
+    gcp: Mapping[str, Any] | None = None
+    kubernetes: Mapping[str, Any] | None = None
 
 
-def _non_empty(value: Any) -> str | None:
-    return None if value.strip() else "must not be empty"
-
-
-def _cidr(value: Any) -> str | None:
+def _entry(raw: Any, path: str, problems: list[str]) -> ProviderConfig | None:
     try:
-        ipaddress.ip_network(value, strict=False)
-    except ValueError:
-        return f"{value!r} is not an IP address or CIDR"
-    return None
-
-
-_GCP_FIELDS = (
-    _Field("project", "project", "str", False, _non_empty),
-    _Field("zone", "zone", "str", True, _matches(ZONE_RE, "a zone (like europe-west1-b)")),
-    _Field("machineType", "machine_type", "str", True, _non_empty),
-    _Field("image", "image", "str", True, _non_empty),
-    _Field("network", "network", "str", False, _non_empty),
-    _Field("subnetwork", "subnetwork", "str", False, _non_empty),
-    _Field("networkTags", "network_tags", "str-list", False,
-           _matches(_TAG_RE, "a network tag (lower-case letters, digits, '-')")),
-    _Field("credentialsFile", "credentials_file", "str", False, _non_empty),
-)
-_KUBERNETES_FIELDS = (
-    _Field("namespace", "namespace", "str", True,
-           _matches(_DNS_LABEL_RE, "a namespace name (a DNS label)")),
-    _Field("image", "image", "str", True, _non_empty),
-    _Field("allowedSources", "allowed_sources", "str-list", False, _cidr, min_items=1),
-)
-_BLOCKS: dict[str, tuple[tuple[_Field, ...], type[GcpConfig] | type[KubernetesConfig]]] = {
-    GCP: (_GCP_FIELDS, GcpConfig),
-    KUBERNETES: (_KUBERNETES_FIELDS, KubernetesConfig),
-}
-_ENTRY_KEYS = ("name", "type", *TYPES)
-
-
-def _type_name(value: Any) -> str:
-    if value is None:
-        return "null"
-    return {bool: "boolean", int: "integer", float: "number", str: "string",
-            list: "list", dict: "mapping"}.get(type(value), type(value).__name__)
-
-
-def _block(raw: Any, fields: Sequence[_Field], path: str,  # noqa: C901 -- its owner splits it (issue 10)
-           problems: list[str]) -> dict[str, Any] | None:
+        entry: _Entry | None = codec.structure(raw, _Entry, path=path)
+    except WireError as exc:
+        problems.extend(str(p) for p in exc.problems)
+        entry = None
     if not isinstance(raw, dict):
-        problems.append(f"{path}: expected a mapping, got {_type_name(raw)}")
         return None
-    known = {f.wire for f in fields}
-    for key in raw:
-        if key not in known:
-            problems.append(f"{path}.{key}: unknown field")
-    values: dict[str, Any] = {}
-    ok = True
-    for f in fields:
-        where = f"{path}.{f.wire}"
-        if f.wire not in raw:
-            if f.required:
-                problems.append(f"{where}: required field is missing")
-                ok = False
-            continue
-        value = raw[f.wire]
-        if f.kind == "str":
-            if not isinstance(value, str):
-                problems.append(f"{where}: expected a string, got {_type_name(value)}")
-                ok = False
-                continue
-            problem = f.check(value) if f.check else None
-            if problem:
-                problems.append(f"{where}: {problem}")
-                ok = False
-                continue
-            values[f.attr] = value
-        else:
-            if not isinstance(value, list):
-                problems.append(f"{where}: expected a list of strings, got {_type_name(value)}")
-                ok = False
-                continue
-            if len(value) < f.min_items:
-                problems.append(f"{where}: needs at least {f.min_items} item(s)")
-                ok = False
-            items: list[str] = []
-            for i, item in enumerate(value):
-                if not isinstance(item, str):
-                    problems.append(f"{where}[{i}]: expected a string, got {_type_name(item)}")
-                    ok = False
-                elif f.check and (problem := f.check(item)):
-                    problems.append(f"{where}[{i}]: {problem}")
-                    ok = False
-                else:
-                    items.append(item)
-            values[f.attr] = tuple(items)
-    return values if ok else None
-
-
-def _entry(raw: Any, path: str, problems: list[str]) -> ProviderConfig | None:  # noqa: C901 -- its owner splits it (issue 10)
-    if not isinstance(raw, dict):
-        problems.append(f"{path}: expected a mapping, got {_type_name(raw)}")
-        return None
-    for key in raw:
-        if key not in _ENTRY_KEYS:
-            problems.append(f"{path}.{key}: unknown field")
-    name = raw.get("name")
-    if "name" not in raw:
-        problems.append(f"{path}.name: required field is missing")
-    elif not isinstance(name, str):
-        problems.append(f"{path}.name: expected a string, got {_type_name(name)}")
-        name = None
-    elif not _NAME_RE.match(name):
-        problems.append(f"{path}.name: {name!r} is not a valid name "
-                        "(letters, digits, '-', '_', '.'; alphanumeric at both ends)")
-        name = None
-    kind = raw.get("type")
     if "type" not in raw:
         problems.append(f"{path}.type: required field is missing (one of {', '.join(TYPES)})")
-        kind = None
-    elif not isinstance(kind, str):
-        problems.append(f"{path}.type: expected a string, got {_type_name(kind)}")
-        kind = None
-    elif kind not in TYPES:
-        problems.append(f"{path}.type: unknown type {kind!r} (one of {', '.join(TYPES)})")
-        kind = None
+        return None
+    kind = raw["type"]
+    if kind not in TYPES:
+        return None  # the codec said why
     # A block for a type other than the declared one is a mistake, not ignored.
     for other in TYPES:
-        if other in raw and kind is not None and other != kind:
+        if other != kind and other in raw:
             problems.append(f"{path}.{other}: not allowed for type {kind!r}")
-    if kind is None:
-        return None
     if kind not in raw:
         problems.append(f"{path}.{kind}: required for type {kind!r} but missing")
         return None
-    fields, cls = _BLOCKS[kind]
-    values = _block(raw[kind], fields, f"{path}.{kind}", problems)
-    if values is None or name is None:
+    try:
+        settings: GcpConfig | KubernetesConfig = codec.structure(
+            raw[kind], _BLOCKS[kind], path=f"{path}.{kind}")
+    except WireError as exc:
+        problems.extend(str(p) for p in exc.problems)
         return None
-    return ProviderConfig(name=name, settings=cls(**values))
+    return None if entry is None else ProviderConfig(name=entry.name, settings=settings)
 
 
-def providers_config_from(data: Any) -> ProvidersConfig:  # noqa: C901 -- its owner splits it (issue 10)
+def _entries(raw_list: list[Any], problems: list[str]) -> list[ProviderConfig]:
+    entries: list[ProviderConfig] = []
+    first_seen: dict[str, int] = {}
+    for i, raw in enumerate(raw_list):
+        path = f"providers[{i}]"
+        name = raw.get("name") if isinstance(raw, dict) else None
+        if isinstance(name, str):
+            if name in first_seen:
+                problems.append(f"{path}.name: duplicate name {name!r} (first used by "
+                                f"providers[{first_seen[name]}])")
+            else:
+                first_seen[name] = i
+        entry = _entry(raw, path, problems)
+        if entry is not None:
+            entries.append(entry)
+    return entries
+
+
+def providers_config_from(data: Any) -> ProvidersConfig:
     """Validate decoded YAML; raise `ProvidersConfigError` listing every problem."""
     problems: list[str] = []
     if data is None:
         raise ProvidersConfigError(["empty file: expected a mapping with a 'providers' list"])
     if not isinstance(data, dict):
-        raise ProvidersConfigError(
-            [f"top level: expected a mapping with a 'providers' list, got {_type_name(data)}"])
+        raise ProvidersConfigError([
+            "top level: expected a mapping with a 'providers' list, got "
+            f"{TYPE_WORDS.got(data)}"])
     for key in data:
         if key != "providers":
             problems.append(f"{key}: unknown field")
@@ -285,22 +212,9 @@ def providers_config_from(data: Any) -> ProvidersConfig:  # noqa: C901 -- its ow
     elif raw_list is None:
         pass  # `providers:` with nothing after it: no providers, like `providers: []`.
     elif not isinstance(raw_list, list):
-        problems.append(f"providers: expected a list, got {_type_name(raw_list)}")
+        problems.append(f"providers: expected a list, got {TYPE_WORDS.got(raw_list)}")
     else:
-        first_seen: dict[str, int] = {}
-        for i, raw in enumerate(raw_list):
-            path = f"providers[{i}]"
-            name = raw.get("name") if isinstance(raw, dict) else None
-            if isinstance(name, str):
-                if name in first_seen:
-                    problems.append(
-                        f"{path}.name: duplicate name {name!r} (first used by "
-                        f"providers[{first_seen[name]}])")
-                else:
-                    first_seen[name] = i
-            entry = _entry(raw, path, problems)
-            if entry is not None:
-                entries.append(entry)
+        entries = _entries(raw_list, problems)
     if problems:
         raise ProvidersConfigError(problems)
     return ProvidersConfig(tuple(entries))

@@ -12,7 +12,7 @@ from typing import Any
 
 _KNOWN = {"type", "properties", "required", "additionalProperties", "items", "enum", "$ref",
           "description", "format", "maxLength", "minimum", "maximum", "exclusiveMinimum",
-          "default"}
+          "default", "pattern", "not", "minItems"}
 _DATE_TIME = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?(Z|[+-]\d\d:\d\d)$")
 
 
@@ -51,6 +51,16 @@ def validate(value: Any, schema: dict[str, Any], doc: dict[str, Any], path: str 
         assert any(_type_ok(value, t) for t in types), f"{path}: {value!r} is not {types}"
     if "enum" in schema:
         assert value in schema["enum"], f"{path}: {value!r} not in {schema['enum']}"
+    if "not" in schema:
+        try:
+            validate(value, schema["not"], doc, path)
+        except AssertionError:
+            pass
+        else:
+            raise AssertionError(f"{path}: {value!r} matches {schema['not']}, which it must not")
+    if isinstance(value, str):
+        assert len(value) <= schema.get("maxLength", len(value)), f"{path}: too long"
+        assert re.search(schema.get("pattern", ""), value), f"{path}: {value!r} no match"
     if schema.get("format") == "date-time" and isinstance(value, str):
         assert _DATE_TIME.match(value), f"{path}: {value!r} is not RFC 3339"
     if isinstance(value, dict):
@@ -71,11 +81,18 @@ def validate(value: Any, schema: dict[str, Any], doc: dict[str, Any], path: str 
 
 
 def check_response(doc: dict[str, Any], *, path: str, method: str, status: int,
-                   body: Any) -> None:
-    """The documented response for (path template, method, status) accepts `body`."""
+                   body: Any, content_type: str | None = "application/json") -> None:
+    """The documented response for (path template, method, status) accepts `body`, sent
+    as `content_type` (the response's header; None when it had none)."""
     op = doc["paths"][path][method.lower()]
     assert str(status) in op["responses"], f"{method} {path}: {status} not documented"
     response = op["responses"][str(status)]
+    media = (content_type or "").partition(";")[0].strip() or None
+    documented = set(response.get("content", {}))
+    if media is None:
+        assert not documented, f"{method} {path} {status}: no content type, documented {documented}"
+    else:
+        assert media in documented, f"{method} {path} {status}: {media} is not {documented}"
     content = response.get("content", {}).get("application/json")
     if content is None or "schema" not in content:
         if "content" not in response:

@@ -35,7 +35,8 @@ async def call(client: httpx.AsyncClient, method: str, template: str, path: str 
     """One request; the response must match the document for `template`."""
     response = await client.request(method, path or template, **kw)
     body = response.json() if response.content else None
-    check_response(DOC, path=template, method=method, status=response.status_code, body=body)
+    check_response(DOC, path=template, method=method, status=response.status_code, body=body,
+                   content_type=response.headers.get("content-type"))
     return response
 
 
