@@ -3,7 +3,8 @@
 The full sandbox runs, in this one process and one nursery: the fake API
 server (HTTPS, with the CRD), the local kubelet (Pods of the kubernetes
 provider become Squid / tinyproxy processes on 127.0.0.x), a TLS probe
-target, one extra local proxy for the External sample, the sample Proxies,
+target, one extra local proxy for the External sample (restarted when it
+dies: `egressd.sandbox.external`), the sample Proxies,
 and the daemon itself (`run_daemon`, the same code as `egressd run`). Once
 every sample is Ready it writes `--ready-file` and prints a short guide.
 
@@ -40,12 +41,13 @@ from egressd.app import load_inputs, run_daemon
 from egressd.errors import ConfigError, EgressdError
 from egressd.kube.client import KubeClient, open_client
 from egressd.kube.config import load_config
-from egressd.kube.informer import Informer
+from egressd.kube.informer import Backoff, Informer
 from egressd.kube.resources import NAMESPACES, PROXIES
 from egressd.providers.config import KUBERNETES
 from egressd.sandbox.apiserver import FakeApiServer
 from egressd.sandbox.apiserver.tls import write_private
-from egressd.sandbox.kubelet import AddressPool, LocalKubelet, open_pooled_proxy
+from egressd.sandbox.external import run_external_proxy
+from egressd.sandbox.kubelet import AddressPool, LocalKubelet
 from egressd.sandbox.localproxy import ProxySoftware, ProxySoftwareMissing, find_proxy_software
 from egressd.sandbox.orphans import claimed_temp_dir, remove_stale_temp_dirs
 from egressd.sandbox.probe_target import ProbeTargetServer
@@ -258,9 +260,14 @@ async def serve_sandbox(
     workdir: str,
     software: ProxySoftware,
     log_level: str = "info",
+    external_backoff: Backoff | None = None,
     task_status: trio.TaskStatus[SandboxInfo] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Run the full sandbox until cancelled; `started(SandboxInfo)` once every sample is Ready."""
+    """Run the full sandbox until cancelled; `started(SandboxInfo)` once every sample is Ready.
+
+    `external_backoff` paces restarts of the External sample's proxy (default:
+    `egressd.sandbox.external`'s).
+    """
     server = FakeApiServer()
     async with trio.open_nursery() as nursery:
         await nursery.start(server.serve)
@@ -273,7 +280,8 @@ async def serve_sandbox(
             probe_ca = target.write_ca(os.path.join(workdir, "probe-ca.pem"))
             addresses = AddressPool()
             external = await nursery.start(functools.partial(
-                _run_external_proxy, software, addresses=addresses, port=PROXY_PORT))
+                run_external_proxy, software, addresses=addresses, port=PROXY_PORT,
+                backoff=external_backoff))
             kubelet = LocalKubelet(client, namespace=PROVIDER_NAMESPACE, software=software,
                                    addresses=addresses)
             await nursery.start(kubelet.run)
@@ -303,17 +311,6 @@ async def serve_sandbox(
             print(guide(info), flush=True)
             task_status.started(info)
             await trio.sleep_forever()
-
-
-async def _run_external_proxy(software: ProxySoftware, *, addresses: AddressPool, port: int,
-                              task_status: trio.TaskStatus[tuple[str, int]]
-                              = trio.TASK_STATUS_IGNORED) -> None:
-    """The proxy the External sample points at: not a Pod, just a process."""
-    async with open_pooled_proxy(software, addresses=addresses, port=port) as proxy:
-        task_status.started((proxy.host, proxy.port))
-        code = await proxy.wait()
-        raise EgressdError(f"the External sample's {proxy.kind} on {proxy.host}:{proxy.port} "
-                           f"exited with code {code}")
 
 
 # --- entry point --------------------------------------------------------------

@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import functools
 import json
+import logging
 import os
 import re
 import signal
@@ -13,7 +14,9 @@ import socket
 import ssl
 import subprocess
 import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -22,6 +25,10 @@ import yaml
 
 from egressd.cli import _parser, main
 from egressd.errors import EgressdError
+from egressd.kube.client import open_client
+from egressd.kube.config import load_config
+from egressd.kube.informer import Backoff, Informer
+from egressd.kube.resources import PROXIES
 from egressd.sandbox.apiserver import FakeApiServer
 from egressd.sandbox.command import (
     DISCOVERY_ADDR,
@@ -258,3 +265,93 @@ async def test_a_sigkilled_sandbox_leaves_no_process_and_the_next_start_cleans_u
             if again.returncode is None:
                 again.kill()
                 await again.wait()
+
+
+class Records(logging.Handler):
+    """The sandbox's log records (it logs from the test's own thread)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.records: list[logging.LogRecord] = []
+        self.changed = trio.Event()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+        self.changed.set()
+        self.changed = trio.Event()
+
+    def started(self, address: str) -> list[int]:
+        """Pids of the proxies started on `address`, in order."""
+        return [int(r.__dict__["pid"]) for r in self.records
+                if r.getMessage() == "local proxy started" and r.__dict__["address"] == address]
+
+
+@pytest.fixture
+def records() -> Iterator[Records]:
+    logger, handler = logging.getLogger("egressd"), Records()
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    yield handler
+    logger.removeHandler(handler)
+    logger.setLevel(level)
+
+
+def healthy(obj: dict[str, Any]) -> str:
+    for cond in (obj.get("status") or {}).get("conditions") or []:
+        if cond["type"] == "Healthy":
+            return str(cond["status"])
+    return ""
+
+
+async def test_a_killed_external_proxy_goes_unhealthy_and_is_restarted(
+        tmp_path: Path, records: Records) -> None:
+    """SIGKILL the External sample's proxy: the sandbox keeps running, the Proxy goes
+    Unhealthy like any External proxy whose process died, and the process comes back
+    on the same address (here only once the port the test holds meanwhile is free)."""
+    software = installed("tinyproxy")
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            info: SandboxInfo = await nursery.start(functools.partial(
+                serve_sandbox, proxies=0, discovery_addr="127.0.0.1:0",
+                metrics_addr="127.0.0.1:0", ready_file=None, workdir=str(tmp_path),
+                software=software, external_backoff=Backoff(initial=0.2, maximum=0.5)))
+            config = await load_config(kubeconfig=info.kubeconfig, context=None)
+            async with open_client(config) as client:
+                proxies = Informer(PROXIES, namespace="default")
+                changed = trio.Event()
+
+                def wake(*_: object) -> None:
+                    nonlocal changed
+                    changed.set()
+                    changed = trio.Event()
+
+                proxies.add_handler(on_add=wake, on_update=wake)
+                await nursery.start(proxies.run, client)
+
+                async def until(check: Callable[[dict[str, Any]], bool]) -> None:
+                    while not check(proxies.get("default/external-1") or {}):
+                        await changed.wait()
+
+                # One failed probe is enough to flip the verdict (default: three).
+                await client.merge_patch(PROXIES, "external-1", {"spec": {"healthCheck": {
+                    "failureThreshold": 1}}}, namespace="default")
+                endpoint = (proxies.get("default/external-1") or {})["spec"]["endpoint"]
+                address = f"{endpoint['host']}:{endpoint['port']}"
+                (pid,) = records.started(address)
+                with socket.socket() as squatter:
+                    os.kill(pid, signal.SIGKILL)
+                    await exited(pid)
+                    # Hold the port: the restart cannot succeed until the test lets go.
+                    squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                    squatter.bind((endpoint["host"], endpoint["port"]))
+                    squatter.listen()
+                    await until(lambda o: healthy(o) == "False" and
+                                (o.get("status") or {}).get("phase") == "Unhealthy")
+                    assert records.started(address) == [pid]
+                while len(records.started(address)) < 2:
+                    await records.changed.wait()
+                await until(lambda o: healthy(o) == "True")
+                assert [r for r in records.records if r.getMessage() ==
+                        "the External sample's proxy did not start"], "the port was held"
+            nursery.cancel_scope.cancel()
