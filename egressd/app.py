@@ -55,6 +55,7 @@ from egressd.model.proxy import Proxy
 from egressd.providers.config import ProvidersConfig, ProvidersConfigError, load_providers_config
 from egressd.providers.registry import ProviderRegistry, build_registry
 from egressd.settings import Settings
+from egressd.watchdog import LoopWatchdog
 
 log = logging.getLogger(__name__)
 
@@ -325,6 +326,7 @@ async def _run_parts(
         # slow first list is in flight: that must not fail the liveness probe.
         metrics_url: str = (await nursery.start(functools.partial(
             serve_app, ops, settings.metrics_addr, grace=settings.shutdown_grace)))[0]
+        await nursery.start(LoopWatchdog().run)  # egressd_loop_lag_*: stalls become a number
         await nursery.start(queue.run)
         await nursery.start(store.run)  # the lease sweeper
         await nursery.start(writer.run)

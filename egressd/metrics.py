@@ -47,3 +47,12 @@ ORPHANS_DELETED = Counter(
     "egressd_orphans_deleted_total", "Orphaned instances deleted, by provider.", ["provider"],
     registry=REGISTRY)
 LEADER = Gauge("egressd_leader", "1 while this replica is the leader.", registry=REGISTRY)
+LOOP_LAG = Histogram(
+    "egressd_loop_lag_seconds", "How late the event loop woke a 10 ms sleep (egressd.watchdog).",
+    buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5),
+    registry=REGISTRY)
+LOOP_LAG_P99 = Gauge(
+    "egressd_loop_lag_p99_seconds", "99th percentile of the loop lag over the last 10 s.",
+    registry=REGISTRY)
+LOOP_LAG_MAX = Gauge(
+    "egressd_loop_lag_max_seconds", "Largest loop lag over the last 10 s.", registry=REGISTRY)

@@ -170,6 +170,8 @@ async def test_daemon_serves_readyz_metrics_and_warns_once_without_a_token(
                 assert metrics.status_code == 200
                 assert "egressd_leases_active" in metrics.text
                 assert "egressd_workqueue_depth" in metrics.text
+                # The loop watchdog runs in the daemon (issue 12 item 4).
+                assert "egressd_loop_lag_max_seconds" in metrics.text
                 listed = await http.get(f"{addrs.discovery_url}/v1/proxies")
                 assert listed.status_code == 200
                 assert listed.json() == {"items": []}
