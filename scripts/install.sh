@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Installs what egressd needs on a fresh Debian machine: squid and tinyproxy from
-# Debian (the sandbox's local proxies and the tests' real peers), and egressd with
+# Debian (the sandbox's local proxies and the tests' real peers), wrk and
+# nginx-light (scripts/bench and its smoke test), and egressd with
 # its test, dev and sandbox extras in .venv. Safe to run again; it only adds what is missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 need=""
-for pkg in squid tinyproxy; do
+for pkg in squid tinyproxy wrk nginx-light; do
     dpkg -s "$pkg" >/dev/null 2>&1 || need="$need $pkg"
 done
 if [ -n "$need" ]; then
@@ -14,10 +15,13 @@ if [ -n "$need" ]; then
         apt-get update -qq
         # shellcheck disable=SC2086
         DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $need >/dev/null
-        if [[ " $need " == *" squid "* ]]; then
-            # Debian starts a system Squid on *:3128 after installing it; egressd runs its own.
-            { systemctl disable --now squid || service squid stop; } >/dev/null 2>&1 || true
-        fi
+        # Debian starts a system Squid on *:3128 (and nginx on :80) after installing
+        # it; egressd's sandbox, tests and bench run their own.
+        for svc in squid nginx; do
+            if [[ " $need " == *" $svc"* ]]; then
+                { systemctl disable --now "$svc" || service "$svc" stop; } >/dev/null 2>&1 || true
+            fi
+        done
     else
         echo "install.sh: please install$need (as root: apt-get install$need)" >&2
     fi
