@@ -34,6 +34,9 @@ from egressd.control.queue import WorkQueue
 from egressd.control.reconciler import Reconciler
 from egressd.durations import format_duration
 from egressd.errors import ConfigError
+from egressd.gateway.fleet import SourceFleet
+from egressd.gateway.server import Gateway, GatewayConfig, listen
+from egressd.gateway.sessions import Sessions
 from egressd.health.engine import HealthEngine
 from egressd.health.probe import Prober, make_ssl_context
 from egressd.http.auth import read_token
@@ -100,8 +103,11 @@ def _check_readable(flag: str, path: str | None) -> None:
         raise ConfigError(f"{flag} {path}: {exc.strerror}") from None
 
 
-def _check_consistent(settings: Settings) -> None:
+def _check_consistent(settings: Settings, token: str | None) -> None:
     """Reject flag combinations that would fail (or silently misbehave) later."""
+    if settings.gateway_addr is not None and not token:
+        raise ConfigError("--gateway-addr needs a discovery token (DISCOVERY_TOKEN or "
+                          "--discovery-token-file): the gateway is never an open proxy")
     if settings.default_lease_ttl > settings.max_lease_ttl:
         # A request without ttlSeconds would get a lease longer than the maximum.
         raise ConfigError(
@@ -122,9 +128,9 @@ def load_inputs(settings: Settings, environ: Mapping[str, str]) -> Inputs:
     A providers config with several mistakes raises `ProvidersConfigError`,
     whose `problems` lists them all.
     """
-    _check_consistent(settings)
-    _check_readable("--kubeconfig", settings.kubeconfig)
     token = read_token(settings.discovery_token_file, environ)
+    _check_consistent(settings, token)
+    _check_readable("--kubeconfig", settings.kubeconfig)
     providers = ProvidersConfig()
     if settings.providers_config:
         try:
@@ -143,10 +149,11 @@ def load_inputs(settings: Settings, environ: Mapping[str, str]) -> Inputs:
 
 @attrs.frozen
 class DaemonAddresses:
-    """Where a running daemon serves: the discovery API and the ops endpoints."""
+    """Where a running daemon serves: the discovery API, the ops endpoints, the gateway."""
 
     discovery_url: str
     metrics_url: str
+    gateway_url: str | None = None
 
 
 class HealthRelay:
@@ -336,6 +343,7 @@ async def _run_parts(
         # (200) or no_proxy_available (409), both untrue.
         discovery_url: str = (await nursery.start(functools.partial(
             serve_app, discovery, settings.discovery_addr, grace=settings.shutdown_grace)))[0]
+        gateway_url = await _start_gateway(nursery, inputs, source=source, store=store)
         if leader_elect:
             identity = f"{hostname}_{secrets.token_hex(4)}"
             await nursery.start(functools.partial(
@@ -355,13 +363,28 @@ async def _run_parts(
         readiness.synced.set()
         log.info("egressd started", extra={
             "discovery": discovery_url, "metrics": metrics_url,
+            "gateway": gateway_url or "off",
             "namespace": settings.namespace or "(all)",
             "auth": "token" if inputs.discovery_token is not None else "none",
             "leader_election": (f"{leader_namespace}/{lease_name}" if leader_elect
                                 else "off"),
             "providers": len(registry)})
         task_status.started(DaemonAddresses(discovery_url=discovery_url,
-                                            metrics_url=metrics_url))
+                                            metrics_url=metrics_url, gateway_url=gateway_url))
+
+
+async def _start_gateway(nursery: trio.Nursery, inputs: Inputs, *,
+                         source: InformerProxySource, store: PersistentLeaseStore) -> str | None:
+    """The gateway on every replica (issue 15), like the discovery API after the caches."""
+    settings = inputs.settings
+    if settings.gateway_addr is None:
+        return None
+    assert inputs.discovery_token is not None  # load_inputs refuses a gateway without one
+    gateway = Gateway(fleet=SourceFleet(source), store=store, token=inputs.discovery_token,
+                      config=GatewayConfig.from_settings(settings),
+                      sessions=Sessions(idle=settings.gateway_session_idle))
+    url: str = await nursery.start(gateway.serve, listen(settings.gateway_addr))
+    return url
 
 
 async def run_until_signalled(inputs: Inputs, *, environ: Mapping[str, str]) -> None:

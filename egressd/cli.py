@@ -56,6 +56,9 @@ def _parser() -> argparse.ArgumentParser:
                          type=_listen_addr,
                          help="Address of the sandbox daemon's /metrics (default "
                               "127.0.0.1:8080).")
+    sandbox.add_argument("--gateway-addr", default="127.0.0.1:3129", metavar="ADDR",
+                         type=_listen_addr,
+                         help="Address of the sandbox daemon's gateway (default 127.0.0.1:3129).")
     sandbox.add_argument("--log-level", default="info",
                          choices=["debug", "info", "warning", "error"])
 
@@ -111,7 +114,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             code: int = sandbox_main(
                 api_only=args.api_only, ready_file=args.ready_file, proxies=args.proxies,
                 log_level=args.log_level, discovery_addr=args.discovery_addr,
-                metrics_addr=args.metrics_addr)
+                metrics_addr=args.metrics_addr, gateway_addr=args.gateway_addr)
             return code
         if args.command == "run":
             import functools

@@ -56,3 +56,24 @@ LOOP_LAG_P99 = Gauge(
     registry=REGISTRY)
 LOOP_LAG_MAX = Gauge(
     "egressd_loop_lag_max_seconds", "Largest loop lag over the last 10 s.", registry=REGISTRY)
+
+
+GATEWAY_TUNNELS_ACTIVE = Gauge(
+    "egressd_gateway_tunnels_active", "Gateway tunnels relaying now.", registry=REGISTRY)
+GATEWAY_TUNNELS_OPENED = Counter(
+    "egressd_gateway_tunnels_opened_total", "Gateway tunnels opened, by kind (connect, http).",
+    ["kind"], registry=REGISTRY)
+GATEWAY_TUNNELS_REFUSED = Counter(
+    "egressd_gateway_tunnels_refused_total", "Gateway requests refused, by reason.",
+    ["reason"], registry=REGISTRY)
+GATEWAY_UPSTREAM_RETRIES = Counter(
+    "egressd_gateway_upstream_retries_total",
+    "Gateway tunnels retried on another proxy after an upstream failure.", registry=REGISTRY)
+GATEWAY_BYTES = Counter(
+    "egressd_gateway_bytes_total",
+    "Bytes relayed by the gateway, by direction (upstream = client to proxy).",
+    ["direction"], registry=REGISTRY)
+GATEWAY_SETUP_DURATION = Histogram(
+    "egressd_gateway_setup_duration_seconds",
+    "From a gateway client's request head to its tunnel relaying.",
+    buckets=(0.0005, 0.001, 0.0025, *_FAST), registry=REGISTRY)

@@ -63,6 +63,30 @@ def _opt_str(text: str) -> str | None:
     return text or None
 
 
+def _opt_addr(text: str) -> str | None:
+    return _addr(text) if text else None
+
+
+def _non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise ValueError(f"must be at least 0, got {value}")
+    return value
+
+
+def _statuses(text: str) -> frozenset[int]:
+    """`403,451` as a set of HTTP status codes; empty text is none."""
+    out: set[int] = set()
+    for part in text.split(","):
+        if not part.strip():
+            continue
+        code = int(part)
+        if not 100 <= code <= 599:
+            raise ValueError(f"invalid HTTP status {code}")
+        out.add(code)
+    return frozenset(out)
+
+
 def setting(default: Any, help: str, parse: Callable[[str], Any] = str) -> Any:
     """A Settings field: its default, its docstring (`help`) and its string parser."""
     return attrs.field(default=default, metadata={"help": help, "parse": parse})
@@ -101,6 +125,29 @@ class Settings:
         _positive_duration)
     shutdown_grace: float = setting(
         10.0, "How long in-flight HTTP requests may finish at shutdown.", parse_duration)
+
+    # Gateway (docs/gateway.md)
+    gateway_addr: str | None = setting(
+        None, "Address of the forward-proxy gateway (HOST:PORT; unset = no gateway).",
+        _opt_addr)
+    gateway_retries: int = setting(
+        2, "Other proxies a tunnel tries after its upstream proxy failed.", _non_negative_int)
+    gateway_max_tunnels: int = setting(
+        1024, "Gateway connections at most; past it a client gets 503.", _positive_int)
+    gateway_idle_timeout: float = setting(
+        300.0, "A gateway tunnel with no byte either way for this long is closed.",
+        _positive_duration)
+    gateway_handshake_timeout: float = setting(
+        10.0, "Longest a gateway client may take to send its request head.",
+        _positive_duration)
+    gateway_connect_timeout: float = setting(
+        10.0, "Longest one upstream proxy may take to open a tunnel.", _positive_duration)
+    gateway_session_idle: float = setting(
+        300.0, "A sticky session with no tunnel for this long forgets its proxy.",
+        _positive_duration)
+    gateway_ban_statuses: frozenset[int] = setting(
+        frozenset(), "HTTP statuses of plain-http answers reported as banned (e.g. 403,451).",
+        _statuses)
 
     # Ops endpoints
     metrics_addr: str = setting(":8080", "Address of /metrics, /healthz and /readyz.", _addr)
@@ -162,6 +209,8 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
     for field in attrs.fields(Settings):
         default = field.default
         shown = format_duration(default) if isinstance(default, float) else default
+        if isinstance(default, frozenset):
+            shown = ",".join(map(str, sorted(default)))
         help_text = f"{field.metadata['help']} [{env_name(field.name)}; default {shown!r}]"
         if field.metadata["parse"] is _bool:
             parser.add_argument(flag_name(field.name), dest=field.name, default=None,

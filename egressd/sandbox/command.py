@@ -117,11 +117,14 @@ class SandboxInfo:
     probe_ca_file: str
     proxies: tuple[str, ...]
     """The sample Proxies, `namespace/name`."""
+    gateway_url: str = ""
+    """The gateway, `http://HOST:PORT` (no credentials: the token is the password)."""
 
     def ready_file(self) -> dict[str, str]:
         return {"discoveryUrl": self.discovery_url, "metricsUrl": self.metrics_url,
                 "token": self.token, "kubeconfig": self.kubeconfig,
-                "probeUrl": self.probe_url, "probeCaFile": self.probe_ca_file}
+                "probeUrl": self.probe_url, "probeCaFile": self.probe_ca_file,
+                "gatewayUrl": self.gateway_url}
 
 
 def providers_config() -> dict[str, Any]:
@@ -210,6 +213,9 @@ def guide(info: SandboxInfo) -> str:
         "'{\"result\": \"rate_limited\", \"retryAfterSeconds\": 60}'",
         f"  curl {auth} -X DELETE {api}/v1/leases/LEASE_ID",
         "  (PROXY_URL and LEASE_ID are the proxyUrl and leaseId the lease answer gives.)",
+        f"  curl -x http://egressd:$TOKEN@{info.gateway_url.removeprefix('http://')} "
+        f"--cacert {info.probe_ca_file} {info.probe_url}",
+        "  (the gateway: no lease call at all, one lease per tunnel; docs/gateway.md)",
         "Stop with Ctrl-C.",
         "",
     ])
@@ -261,6 +267,7 @@ async def serve_sandbox(
     software: ProxySoftware,
     log_level: str = "info",
     external_backoff: Backoff | None = None,
+    gateway_addr: str = "127.0.0.1:0",
     task_status: trio.TaskStatus[SandboxInfo] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run the full sandbox until cancelled; `started(SandboxInfo)` once every sample is Ready.
@@ -299,6 +306,7 @@ async def serve_sandbox(
             inputs = await trio.to_thread.run_sync(load_inputs, Settings(
                 kubeconfig=kubeconfig, providers_config=providers_file, probe_ca_file=probe_ca,
                 discovery_addr=discovery_addr, metrics_addr=metrics_addr,
+                gateway_addr=gateway_addr,
                 provisioning_poll=1.0, cluster_name="sandbox", shutdown_grace=SHUTDOWN_GRACE,
                 log_level=log_level), environ)
             daemon = await nursery.start(functools.partial(run_daemon, inputs, environ=environ))
@@ -306,7 +314,8 @@ async def serve_sandbox(
             info = SandboxInfo(
                 discovery_url=local_url(daemon.discovery_url),
                 metrics_url=local_url(daemon.metrics_url), token=token, kubeconfig=kubeconfig,
-                probe_url=probe_url, probe_ca_file=probe_ca, proxies=tuple(keys))
+                probe_url=probe_url, probe_ca_file=probe_ca, proxies=tuple(keys),
+                gateway_url=local_url(daemon.gateway_url or ""))
             _write_ready(ready_file, info.ready_file())
             print(guide(info), flush=True)
             task_status.started(info)
@@ -345,11 +354,13 @@ DISCOVERY_ADDR = "127.0.0.1:8090"
 """The sandbox's default discovery address: loopback, as it prints a token-protected
 API for this machine's user, not a service for the network (`egressd run`: :8090)."""
 METRICS_ADDR = "127.0.0.1:8080"
+GATEWAY_ADDR = "127.0.0.1:3129"
+"""The sandbox gateway's default address (not 3128: a system Squid may hold *:3128)."""
 
 
 def sandbox_main(*, api_only: bool, ready_file: str | None, proxies: int, log_level: str,
-                 discovery_addr: str = DISCOVERY_ADDR, metrics_addr: str = METRICS_ADDR
-                 ) -> int:
+                 discovery_addr: str = DISCOVERY_ADDR, metrics_addr: str = METRICS_ADDR,
+                 gateway_addr: str = GATEWAY_ADDR) -> int:
     """Entry point of `egressd sandbox`; returns the exit code."""
     logs.setup(log_level)
     if api_only:
@@ -362,6 +373,7 @@ def sandbox_main(*, api_only: bool, ready_file: str | None, proxies: int, log_le
             software = find_proxy_software()
             check_listen_address("--discovery-addr", discovery_addr)
             check_listen_address("--metrics-addr", metrics_addr)
+            check_listen_address("--gateway-addr", gateway_addr)
         except ProxySoftwareMissing as exc:
             print(f"egressd sandbox: {exc}", file=sys.stderr)
             return 1
@@ -371,7 +383,7 @@ def sandbox_main(*, api_only: bool, ready_file: str | None, proxies: int, log_le
         service_factory = functools.partial(
             serve_sandbox, proxies=proxies, discovery_addr=discovery_addr,
             metrics_addr=metrics_addr, ready_file=ready_file, software=software,
-            log_level=log_level)
+            log_level=log_level, gateway_addr=gateway_addr)
     code = 0
     remove_stale_temp_dirs()  # what a killed sandbox left (its proxies died with it)
     with claimed_temp_dir("egressd-sandbox-") as workdir:

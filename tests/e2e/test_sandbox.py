@@ -143,7 +143,7 @@ async def test_sandbox_as_a_user(tmp_path: Path) -> None:
         process = await trio.lowlevel.open_process(
             [sys.executable, "-m", "egressd", "sandbox", "--proxies", str(MANAGED),
              "--discovery-addr", "127.0.0.1:0", "--metrics-addr", "127.0.0.1:0",
-             "--ready-file", str(ready_file)],
+             "--gateway-addr", "127.0.0.1:0", "--ready-file", str(ready_file)],
             stdout=subprocess.PIPE, stderr=stderr, start_new_session=True)
     try:
         with trio.fail_after(60):
@@ -189,7 +189,8 @@ async def _scenario(process: trio.Process, ready_file: Path, log: Path, home: Pa
     assert len({cells[4] for cells in table.values()}) == 3  # one loopback address each
 
     # --- every command of the printed guide, as printed (bash, a fresh HOME)
-    export, get, listing, lease_cmd, through, report, release = guide_commands(output.decode())
+    export, get, listing, lease_cmd, through, report, release, gateway = guide_commands(
+        output.decode())
     assert export.startswith("export KUBECONFIG=") and get.startswith("kubectl get px -A")
 
     async def shell(command: str) -> str:
@@ -205,6 +206,10 @@ async def _scenario(process: trio.Process, ready_file: Path, log: Path, home: Pa
     assert await shell(through.replace("PROXY_URL", lease["proxyUrl"])) == ""
     assert await shell(report.replace("LEASE_ID", lease["leaseId"])) == ""  # 204
     assert await shell(release.replace("LEASE_ID", lease["leaseId"])) == ""  # 204
+    # The gateway: the same request with only a proxy URL (the token as its password).
+    assert re.fullmatch(r"http://127\.0\.0\.1:\d+", info["gatewayUrl"]), info
+    assert gateway.startswith("curl -x http://egressd:$TOKEN@127.0.0.1:")
+    assert await shell(gateway) == ""  # 204 from the probe target, through a sample
     # The report's cooldown is in the Proxy's status, for kubectl to see.
     await run(env, "kubectl", "wait", "px/{}".format(lease["proxy"]["name"]), "--timeout=20s",
               "--for=jsonpath={.status.cooldowns.example\\.org.reason}=rate_limited")

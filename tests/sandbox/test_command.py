@@ -143,7 +143,8 @@ async def test_sigterm_or_sighup_while_starting_stops_everything(
     with trio.fail_after(60):
         process = await trio.lowlevel.open_process(
             [sys.executable, "-m", "egressd", "sandbox", "--proxies", "1", "--discovery-addr",
-             "127.0.0.1:0", "--metrics-addr", "127.0.0.1:0", "--ready-file", str(ready)],
+             "127.0.0.1:0", "--metrics-addr", "127.0.0.1:0", "--gateway-addr", "127.0.0.1:0",
+             "--ready-file", str(ready)],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         try:
             assert process.stderr is not None

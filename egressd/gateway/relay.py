@@ -1,0 +1,87 @@
+"""Relaying bytes both ways between a client and an upstream proxy until both sides are done.
+
+One task per direction, each `receive_some(BUFFER)` then `send_all`: Python
+runs once per chunk of up to 256 KiB, never per byte, and a side that stops
+reading stops the other side's reads (TCP back-pressure), so a client that
+never reads costs one buffer, not the whole download.
+
+Half-close is honoured: EOF from one side is passed on as `send_eof` to the
+other, whose answer keeps flowing until it ends too. Any byte either way
+pushes one shared idle deadline forward; when it passes, or a side breaks,
+the relay ends and the caller closes both streams.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+import attrs
+import trio
+
+from egressd.metrics import GATEWAY_BYTES
+
+BUFFER = 262144
+"""Bytes asked for per read: big enough that a fast download costs few Python steps."""
+
+_UP = GATEWAY_BYTES.labels("upstream")
+_DOWN = GATEWAY_BYTES.labels("downstream")
+
+
+@attrs.define
+class RelayResult:
+    """How a relay ended and what it moved; `ended` is "closed", "idle" or "broken"."""
+
+    ended: str = "closed"
+    upstream_bytes: int = 0
+    downstream_bytes: int = 0
+
+
+First = Callable[[], Awaitable[tuple[bytes, bool]]]
+"""Runs first in the downstream direction: the bytes to send the client, and go on?"""
+
+
+async def relay(client: trio.SocketStream, upstream: trio.SocketStream, *,
+                idle_timeout: float, downstream_first: First | None = None) -> RelayResult:
+    """Relay until both directions saw EOF, a side broke, or nothing moved for `idle_timeout`.
+
+    `downstream_first` (a plain-http answer's head, read while the request body
+    streams up) runs before the downstream direction relays anything.
+    """
+    result = RelayResult()
+    with trio.CancelScope(deadline=trio.current_time() + idle_timeout) as idle:
+
+        async def pump(src: trio.SocketStream, dst: trio.SocketStream, up: bool) -> None:
+            counter = _UP if up else _DOWN
+            moved = 0
+            try:
+                if not up and downstream_first is not None:
+                    data, go_on = await downstream_first()
+                    await dst.send_all(data)
+                    if not go_on:
+                        nursery.cancel_scope.cancel()
+                        return
+                while True:
+                    data = await src.receive_some(BUFFER)
+                    if not data:
+                        break
+                    idle.deadline = trio.current_time() + idle_timeout
+                    await dst.send_all(data)
+                    counter.inc(len(data))
+                    moved += len(data)
+                    idle.deadline = trio.current_time() + idle_timeout
+                await dst.send_eof()
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                result.ended = "broken"
+                nursery.cancel_scope.cancel()
+            finally:
+                if up:
+                    result.upstream_bytes = moved
+                else:
+                    result.downstream_bytes = moved
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(pump, client, upstream, True)
+            nursery.start_soon(pump, upstream, client, False)
+    if idle.cancelled_caught:
+        result.ended = "idle"
+    return result
