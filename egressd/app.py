@@ -50,6 +50,7 @@ from egressd.kube.election import run_elected
 from egressd.kube.events import EventRecorder
 from egressd.kube.informer import Informer
 from egressd.kube.resources import PROXIES, SECRETS
+from egressd.leases import LeaseStore
 from egressd.leases.persist import CooldownWriter
 from egressd.leases.store import MemoryLeaseStore
 from egressd.metrics import LEADER
@@ -374,7 +375,7 @@ async def _run_parts(
 
 
 async def _start_gateway(nursery: trio.Nursery, inputs: Inputs, *,
-                         source: InformerProxySource, store: PersistentLeaseStore) -> str | None:
+                         source: InformerProxySource, store: LeaseStore) -> str | None:
     """The gateway on every replica (issue 15), like the discovery API after the caches."""
     settings = inputs.settings
     if settings.gateway_addr is None:

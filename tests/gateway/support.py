@@ -49,9 +49,10 @@ class Running:
     counted: list[str]
     scope: trio.CancelScope
 
-    def active(self) -> int:
-        return sum(u.active_leases for u in self.store.usage_now(
-            p.key for p in self.source.proxies()).values())
+    async def active(self) -> int:
+        """Leases active on the gateway's proxies now."""
+        usage = await self.store.usage(p.key for p in self.source.proxies())
+        return sum(u.active_leases for u in usage.values())
 
 
 @contextlib.asynccontextmanager

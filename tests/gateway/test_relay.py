@@ -137,12 +137,12 @@ async def test_an_idle_tunnel_is_closed_and_its_lease_released(squid: ProxyProce
             async with running_gateway([upstream_proxy("up", squid.host, squid.port)],
                                        idle_timeout=1.0) as gw:
                 answer = await connect(gw.port, f"127.0.0.1:{port}", authorization=auth())
-                assert answer.status == 200 and gw.active() == 1
+                assert answer.status == 200 and (await gw.active()) == 1
                 # Traffic keeps it open past the idle timeout ...
                 for _ in range(6):
                     await trio.sleep(0.25)
                     await answer.stream.send_all(b"ping")
-                assert gw.active() == 1
+                assert (await gw.active()) == 1
                 # ... silence closes it.
                 with trio.fail_after(3):
                     assert await answer.stream.receive_some(100) == b""
@@ -193,14 +193,14 @@ async def test_shutdown_closes_every_tunnel_within_the_grace(squid: ProxyProcess
                                        grace=0.5) as gw:
                 answers = [await connect(gw.port, f"127.0.0.1:{port}", authorization=auth())
                            for _ in range(3)]
-                assert gw.active() == 3
+                assert (await gw.active()) == 3
                 start = trio.current_time()
                 gw.scope.cancel()
                 for answer in answers:
                     with trio.fail_after(2):
                         assert await answer.stream.receive_some(100) == b""
                 stopped = trio.current_time() - start
-                assert gw.active() == 0
+                assert (await gw.active()) == 0
                 assert gw.gateway.connections == 0
                 # The grace was used (tunnels got their chance) and nothing outlived it long.
                 assert stopped >= 0.4

@@ -45,7 +45,7 @@ async def test_a_tunnel_reaches_a_tls_target_and_its_lease_is_released(
                 assert answer.headers["x-egressd-proxy"] == "crawl/up"
                 lease_id = answer.headers["x-egressd-lease"]
                 assert len(lease_id) >= 32
-                assert gw.active() == 1
+                assert (await gw.active()) == 1
                 assert await tls_get(answer.stream, client_ssl) == 204
                 assert target.requests, "the GET went through the upstream to the target"
                 with trio.fail_after(3):
@@ -72,7 +72,7 @@ async def test_no_open_proxy_407_for_missing_wrong_or_odd_credentials(
             # Even a malformed request is a 407 to an anonymous client (it learns nothing).
             answer = await send_raw(gw.port, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
             assert answer.status == 407
-            assert gw.active() == 0
+            assert (await gw.active()) == 0
 
 
 @pytest.mark.parametrize("username,needle", [
@@ -111,7 +111,7 @@ async def test_malformed_requests_are_400(squid: ProxyProcess, head: bytes) -> N
             answer = await send_raw(gw.port, head.replace(b"%s", value))
             assert answer.status == 400, answer.body
             assert answer.json()["error"] == "bad_request"
-            assert gw.active() == 0
+            assert (await gw.active()) == 0
 
 
 async def test_a_head_over_the_cap_is_431_without_reading_it_all(squid: ProxyProcess) -> None:
@@ -206,7 +206,7 @@ async def test_a_dead_upstream_is_retried_on_another_and_reported_proxy_error(
                 body = answer.json()
                 assert body["error"] == "upstream_failed" and body["attempts"] == 2
                 assert "407" in body["message"] or "refused" in body["message"]
-                assert gw.active() == 0
+                assert (await gw.active()) == 0
             async with running_gateway(proxies[:2], retries=0) as gw:
                 answer = await connect(gw.port, f"127.0.0.1:{target.port}",
                                        authorization=auth())
