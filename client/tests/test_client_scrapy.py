@@ -110,3 +110,29 @@ def test_no_egressd_can_fall_back_to_no_proxy(world: World, tmp_path: Path) -> N
     assert {h.peer for h in world.site.hits_for("/ok/direct-")} == {"127.0.0.1"}
     errors = [line for line in log.splitlines() if "] ERROR:" in line]
     assert len(errors) == 1 and "crawling without a proxy" in errors[0], log[-3000:]
+
+
+def test_no_free_proxy_reaches_the_errback_not_the_site(world: World, tmp_path: Path) -> None:
+    result, log = crawl(tmp_path, [f"{world.site_url}/ok/no-proxy"], {
+        **egressd_settings(world), "EGRESSD_SELECTOR": {"pool": "nowhere"},
+        "EGRESSD_MAX_WAIT": 1})
+    assert result["reason"] == "finished", log[-3000:]
+    assert result["delivered"] == []
+    assert result["failed"] == [{"url": f"{world.site_url}/ok/no-proxy",
+                                 "error": "NoProxyForRequest"}]
+    assert result["stats"]["egressd/no_proxy"] == 1
+    assert world.site.hits_for("/ok/no-proxy") == []
+
+
+def test_a_lease_near_its_end_is_renewed(world: World, tmp_path: Path) -> None:
+    # TTL 16 s with a 15 s margin: after a second, every request needs a fresh lease.
+    urls = [f"{world.site_url}/ok/renew-{n}" for n in range(3)]
+    result, log = crawl(tmp_path, urls, {**egressd_settings(world), "EGRESSD_TTL": 16,
+                                         "DOWNLOAD_DELAY": 1.2, "RANDOMIZE_DOWNLOAD_DELAY": False,
+                                         "CONCURRENT_REQUESTS": 1})
+    assert result["reason"] == "finished", log[-3000:]
+    assert len(result["delivered"]) == 3
+    assert result["stats"]["egressd/leases/renewed"] >= 1
+    assert result["stats"]["egressd/leases/acquired"] == 1 + result["stats"][
+        "egressd/leases/renewed"]
+    assert world.active_leases() == 0
