@@ -123,3 +123,20 @@ def test_the_documented_shell_quick_start_reports_a_429(world: World, tmp_path: 
     assert done.returncode == 75, done.stderr
     assert cooldown(world, done.stdout.strip(), "cli-quickstart.test") == "rate_limited"
     assert (tmp_path / "page.html").read_text() == "slow down"
+
+
+EXAMPLES = Path(__file__).parent.parent / "examples"
+
+
+@pytest.mark.parametrize("example", ["requests_lease.py", "httpx_lease.py"])
+def test_the_examples_run_as_documented(world: World, example: str) -> None:
+    env = {**os.environ, "EGRESSD_URL": world.discovery_url, "EGRESSD_TOKEN": world.token}
+    limited = subprocess.run([sys.executable, str(EXAMPLES / example),
+                              f"{world.site_url}/limited"],
+                             env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert limited.returncode == 75, limited.stderr
+    assert "429 via default/" in limited.stdout and "rate_limited" in limited.stdout
+    hit = world.site.hits_for("/limited")[-1]
+    assert limited.stdout.split(" via ")[1].startswith(
+        f"default/{world.proxy_by_egress(hit.peer).name}")
+    assert world.active_leases() == 0

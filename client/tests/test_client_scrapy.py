@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from client_site import PAGES
+from client_site import CRAWL_HOST, PAGES
 from client_world import World
 
 from tests.health.peers import closed_port
@@ -43,7 +43,7 @@ def egressd_settings(world: World, **extra: Any) -> dict[str, Any]:
 def test_a_crawl_moves_off_rate_limited_and_banned_proxies(world: World, tmp_path: Path
                                                            ) -> None:
     user_proxy = world.proxies[2]
-    result, log = crawl(tmp_path, [f"{world.site_url}/crawl/0"], egressd_settings(world),
+    result, log = crawl(tmp_path, [f"{world.crawl_url}/crawl/0"], egressd_settings(world),
                         user_proxy=(user_proxy.url, f"{world.site_url}/ok/user-proxy"))
     finished = dt.datetime.now(dt.UTC)
     assert result["reason"] == "finished", log[-3000:]
@@ -51,7 +51,7 @@ def test_a_crawl_moves_off_rate_limited_and_banned_proxies(world: World, tmp_pat
     crawled = [d for d in result["delivered"] if "/crawl/" in d["url"]]
     # Every page reached the callback once, always as a 200: no ban was delivered.
     assert sorted(d["url"] for d in crawled) == sorted(
-        f"{world.site_url}/crawl/{n}" for n in range(PAGES))
+        f"{world.crawl_url}/crawl/{n}" for n in range(PAGES))
     assert {d["status"] for d in result["delivered"]} == {200}
     # Each through a leased proxy, in that proxy's own download slot.
     assert all(d["proxy"] and d["slot"] == f"egressd:{d['proxy']}" for d in crawled)
@@ -67,11 +67,11 @@ def test_a_crawl_moves_off_rate_limited_and_banned_proxies(world: World, tmp_pat
         [delivering] = [h.peer for h in page_hits if h.status == 200]
         assert delivering not in {h.peer for h in page_hits if h.status != 200}
     views = {v["name"]: v for v in world.proxy_views()}
-    assert views[limited.name]["cooldowns"]["127.0.0.1"]["reason"] == "rate_limited"
-    assert views[banned.name]["cooldowns"]["127.0.0.1"]["reason"] == "banned"
+    assert views[limited.name]["cooldowns"][CRAWL_HOST]["reason"] == "rate_limited"
+    assert views[banned.name]["cooldowns"][CRAWL_HOST]["reason"] == "banned"
     # The site's Retry-After (30 s) is the rate-limit cooldown.
     until = dt.datetime.fromisoformat(
-        views[limited.name]["cooldowns"]["127.0.0.1"]["until"].replace("Z", "+00:00"))
+        views[limited.name]["cooldowns"][CRAWL_HOST]["until"].replace("Z", "+00:00"))
     assert 15 < (until - finished).total_seconds() <= 31
 
     # The spider's own meta["proxy"] was respected.
@@ -125,10 +125,10 @@ def test_no_free_proxy_reaches_the_errback_not_the_site(world: World, tmp_path: 
 
 
 def test_a_lease_near_its_end_is_renewed(world: World, tmp_path: Path) -> None:
-    # TTL 16 s with a 15 s margin: after a second, every request needs a fresh lease.
+    # TTL 15.5 s with a 15 s margin: after half a second, a request needs a fresh lease.
     urls = [f"{world.site_url}/ok/renew-{n}" for n in range(3)]
-    result, log = crawl(tmp_path, urls, {**egressd_settings(world), "EGRESSD_TTL": 16,
-                                         "DOWNLOAD_DELAY": 1.2, "RANDOMIZE_DOWNLOAD_DELAY": False,
+    result, log = crawl(tmp_path, urls, {**egressd_settings(world), "EGRESSD_TTL": 15.5,
+                                         "DOWNLOAD_DELAY": 0.6, "RANDOMIZE_DOWNLOAD_DELAY": False,
                                          "CONCURRENT_REQUESTS": 1})
     assert result["reason"] == "finished", log[-3000:]
     assert len(result["delivered"]) == 3
