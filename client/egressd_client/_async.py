@@ -8,6 +8,7 @@ lease back, in at most `CLEANUP_TIMEOUT` seconds.
 
 from __future__ import annotations
 
+import ssl
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
@@ -17,7 +18,13 @@ import httpx
 
 from egressd_client import _wire
 from egressd_client._classify import Verdict, classify, is_proxy_failure
-from egressd_client._config import CLEANUP_TIMEOUT, DEFAULT_TIMEOUT, ClientConfig, log
+from egressd_client._config import (
+    CLEANUP_TIMEOUT,
+    DEFAULT_TIMEOUT,
+    ClientConfig,
+    log,
+    tls_verify,
+)
 from egressd_client._errors import EgressdError, EgressdUnavailable, NoProxyAvailable
 from egressd_client._retry import RetryPolicy, retriable_error, retriable_status
 from egressd_client._sync import NO_PROXY_DEFAULT_WAIT
@@ -63,11 +70,13 @@ class AsyncClient:
 
     def __init__(self, url: str | None = None, *, token: str | None = None,
                  timeout: float = DEFAULT_TIMEOUT, retry: RetryPolicy | None = None,
+                 verify: ssl.SSLContext | bool = True,
                  transport: httpx.AsyncBaseTransport | None = None) -> None:
         self.config = ClientConfig.build(url, token=token, timeout=timeout, retry=retry)
         self._http = httpx.AsyncClient(
             base_url=self.config.url, headers=self.config.headers(),
-            timeout=self.config.httpx_timeout(), transport=transport, trust_env=False)
+            timeout=self.config.httpx_timeout(), transport=transport, verify=tls_verify(verify),
+            trust_env=False)
 
     async def __aenter__(self) -> AsyncClient:
         return self

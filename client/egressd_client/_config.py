@@ -1,14 +1,16 @@
 """What both clients share: where egressd is, the token, timeouts and retries.
 
 Defaults come from the environment, the same names the Scrapy add-on and
-`egressd-lease` read: `EGRESSD_URL` (default `http://localhost:8090`) and
-`EGRESSD_TOKEN` (else `DISCOVERY_TOKEN`, the server's own variable).
+`egressd-lease` read: `EGRESSD_URL` (default `http://localhost:8090`),
+`EGRESSD_TOKEN` (else `DISCOVERY_TOKEN`, the server's own variable) and
+`EGRESSD_CA_FILE` (a CA bundle for an egressd served over HTTPS with a private CA).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -51,3 +53,13 @@ class ClientConfig:
 
     def httpx_timeout(self) -> httpx.Timeout:
         return httpx.Timeout(self.timeout)
+
+
+def tls_verify(verify: ssl.SSLContext | bool, environ: Mapping[str, str] | None = None
+               ) -> ssl.SSLContext | bool:
+    """`verify` as given, or a context trusting `$EGRESSD_CA_FILE` when that is set."""
+    env = os.environ if environ is None else environ
+    ca_file = env.get("EGRESSD_CA_FILE")
+    if verify is True and ca_file:
+        return ssl.create_default_context(cafile=ca_file)
+    return verify

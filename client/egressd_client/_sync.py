@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ssl
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -11,7 +12,13 @@ import httpx
 
 from egressd_client import _wire
 from egressd_client._classify import Verdict, classify, is_proxy_failure
-from egressd_client._config import CLEANUP_TIMEOUT, DEFAULT_TIMEOUT, ClientConfig, log
+from egressd_client._config import (
+    CLEANUP_TIMEOUT,
+    DEFAULT_TIMEOUT,
+    ClientConfig,
+    log,
+    tls_verify,
+)
 from egressd_client._errors import EgressdError, EgressdUnavailable, NoProxyAvailable
 from egressd_client._retry import RetryPolicy, retriable_error, retriable_status
 from egressd_client._wire import Call, Lease, ProxyInfo, Result
@@ -25,17 +32,20 @@ class Client:
 
     `Client(url=None, token=None)` reads `EGRESSD_URL` and `EGRESSD_TOKEN`. Every
     call has a timeout (`timeout`, seconds) and is retried on connection
-    failures and 5xx (`retry`).
+    failures and 5xx (`retry`). `verify` is an SSLContext trusting egressd's CA when
+    it serves HTTPS with a private one (the environment's proxy and CA variables are
+    ignored: HTTPS_PROXY is for the leased proxy, never for egressd).
     """
 
     def __init__(self, url: str | None = None, *, token: str | None = None,
                  timeout: float = DEFAULT_TIMEOUT, retry: RetryPolicy | None = None,
+                 verify: ssl.SSLContext | bool = True,
                  transport: httpx.BaseTransport | None = None) -> None:
         self.config = ClientConfig.build(url, token=token, timeout=timeout, retry=retry)
         # trust_env=False: HTTPS_PROXY (set by egressd-lease) must not route calls to egressd.
         self._http = httpx.Client(base_url=self.config.url, headers=self.config.headers(),
                                   timeout=self.config.httpx_timeout(), transport=transport,
-                                  trust_env=False)
+                                  verify=tls_verify(verify), trust_env=False)
 
     def __enter__(self) -> Client:
         return self

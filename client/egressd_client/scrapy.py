@@ -10,6 +10,7 @@ lease, and the request is retried there; a ban never reaches the callback. Every
 lease is released when the spider closes. Settings, all `EGRESSD_*`:
 
     EGRESSD_URL, EGRESSD_TOKEN   discovery API and token (default: the environment's)
+    EGRESSD_CA_FILE              CA bundle for an egressd on HTTPS with a private CA
     EGRESSD_SELECTOR             {"region": "eu"} or "region=eu,tier=dc"
     EGRESSD_TTL                  lease TTL, seconds (300); a lease is renewed before it ends
     EGRESSD_BAN_POLICY           import path of the ban policy (BanPolicy)
@@ -20,6 +21,8 @@ lease is released when the spider closes. Settings, all `EGRESSD_*`:
     EGRESSD_ON_UNAVAILABLE       "stop" the spider (default) or go "direct" (no proxy)
                                  when egressd is unreachable or refuses the token
     EGRESSD_TIMEOUT              timeout of each call to egressd, seconds (10)
+    EGRESSD_IDLE_RELEASE         release a domain's lease after this many idle seconds
+                                 (60; 0 keeps every lease until the spider closes)
 
 A request whose `meta["proxy"]` the spider set itself, or with
 `meta["egressd"] = False`, is left alone. Stats are under `egressd/`. It needs
@@ -30,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 from collections.abc import Mapping
 from typing import Any, Protocol, cast
 
@@ -58,6 +62,8 @@ RENEW_MARGIN = 15.0
 NO_PROXY_PAUSE = 5.0
 """Seconds between acquires while no proxy is free and the 409 has no Retry-After."""
 META = "_egressd"
+RELEASE_CONCURRENCY = 16
+"""Releases in flight at once when the spider closes."""
 
 
 class BanRetriesExhausted(IgnoreRequest):
@@ -120,6 +126,7 @@ class _Domain:
     def __init__(self) -> None:
         self.lock = asyncio.Lock()
         self.lease: Lease | None = None
+        self.last_used = 0.0  # loop time of the last request or response
 
 
 class EgressdMiddleware:
@@ -140,9 +147,11 @@ class EgressdMiddleware:
         if self.on_unavailable not in ("stop", "direct"):
             raise ValueError(f"EGRESSD_ON_UNAVAILABLE must be 'stop' or 'direct', "
                              f"got {self.on_unavailable!r}")
-        self.client = AsyncClient(settings.get("EGRESSD_URL") or None,
-                                  token=settings.get("EGRESSD_TOKEN") or None,
-                                  timeout=settings.getfloat("EGRESSD_TIMEOUT", 10.0))
+        ca_file = settings.get("EGRESSD_CA_FILE")
+        self.client = AsyncClient(
+            settings.get("EGRESSD_URL") or None, token=settings.get("EGRESSD_TOKEN") or None,
+            timeout=settings.getfloat("EGRESSD_TIMEOUT", 10.0),
+            verify=ssl.create_default_context(cafile=ca_file) if ca_file else True)
         policy_cls = load_object(settings.get("EGRESSD_BAN_POLICY",
                                               "egressd_client.scrapy.BanPolicy"))
         self.policy = cast(BanPolicyProtocol, build_from_crawler(policy_cls, crawler))
@@ -152,6 +161,8 @@ class EgressdMiddleware:
         self.direct = False  # egressd is unavailable and EGRESSD_ON_UNAVAILABLE = direct
         self.stopping = False
         self._closing: asyncio.Future[None] | None = None
+        self._sweeper: asyncio.Future[None] | None = None
+        self.idle_release = settings.getfloat("EGRESSD_IDLE_RELEASE", 60.0)
         crawler.signals.connect(self.spider_opened, signal=signals.spider_opened)
         crawler.signals.connect(self.spider_closed, signal=signals.spider_closed)
 
@@ -184,14 +195,37 @@ class EgressdMiddleware:
         except EgressdError as exc:
             if not self._unavailable(exc):
                 raise CloseSpider("egressd_unavailable") from None
+        if self.idle_release > 0:
+            self._sweeper = asyncio.ensure_future(self._sweep())
 
     async def spider_closed(self, spider: Spider) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
         leases = [d.lease for d in self.domains.values() if d.lease is not None]
-        for domain in self.domains.values():
-            domain.lease = None
-        for lease in leases:
-            await self._release(lease)
+        self.domains.clear()
+        limit = asyncio.Semaphore(RELEASE_CONCURRENCY)
+
+        async def release(lease: Lease) -> None:
+            async with limit:
+                await self._release(lease)
+
+        await asyncio.gather(*(release(lease) for lease in leases))
         await self.client.aclose()
+
+    async def _sweep(self) -> None:
+        """Give back the leases of domains idle for EGRESSD_IDLE_RELEASE seconds: a broad
+        crawl must not hold one lease per domain it has finished with."""
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(max(0.1, min(10.0, self.idle_release / 2)))
+            now = loop.time()
+            idle = [(name, d) for name, d in self.domains.items()
+                    if now - d.last_used > self.idle_release and not d.lock.locked()]
+            for name, domain in idle:
+                del self.domains[name]
+                if domain.lease is not None:
+                    self._inc("leases/idle_released")
+                    await self._release(domain.lease)
 
     def _unavailable(self, exc: EgressdError) -> bool:
         """Log once what egressd's failure means; True: go on without a proxy."""
@@ -242,6 +276,7 @@ class EgressdMiddleware:
 
     async def _lease_for(self, name: str) -> Lease:
         domain = self.domains.setdefault(name, _Domain())
+        domain.last_used = asyncio.get_running_loop().time()
         async with domain.lock:  # one acquire per domain, however many requests wait
             lease = domain.lease
             if lease is not None and lease.seconds_left() < RENEW_MARGIN:
@@ -307,9 +342,13 @@ class EgressdMiddleware:
     async def process_response(self, request: Request, response: Response
                                ) -> Request | Response:
         ours = request.meta.get(META)
-        if ours is None or not self._response_is_ban(request, response):
+        if ours is None:
             return response
         name, lease = ours
+        if (domain := self.domains.get(name)) is not None:
+            domain.last_used = asyncio.get_running_loop().time()
+        if not self._response_is_ban(request, response):
+            return response
         if response.status in self.rate_limit_statuses:
             result = Result.RATE_LIMITED
             retry_after = parse_retry_after(response.headers.get("Retry-After"))

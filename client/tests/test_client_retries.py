@@ -8,10 +8,14 @@ counts what it received. Everything else is tested against the real daemon.
 from __future__ import annotations
 
 import json
+import socket
+import ssl
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
 
 import pytest
 from egressd_client import (
@@ -43,6 +47,7 @@ class Scripted:
     script: list[tuple[int, object, dict[str, str]]]
     seen: list[str] = field(default_factory=list)
     release: threading.Event = field(default_factory=threading.Event)
+    tls: ssl.SSLContext | None = None
 
 
 @pytest.fixture
@@ -71,7 +76,15 @@ def scripted() -> Iterator[tuple[Scripted, str]]:
         def log_message(self, *args: object) -> None:
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    class Server(ThreadingHTTPServer):
+        def get_request(self) -> tuple[socket.socket, Any]:
+            sock, addr = super().get_request()
+            if state.tls is not None:  # handshake in the handler's thread, on first read
+                sock = state.tls.wrap_socket(sock, server_side=True,
+                                             do_handshake_on_connect=False)
+            return sock, addr
+
+    server = Server(("127.0.0.1", 0), Handler)
     server.daemon_threads = True
     thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
     thread.start()
@@ -192,3 +205,27 @@ def test_proxy_failures_are_told_from_the_callers_errors() -> None:
     assert not is_proxy_failure(requests.exceptions.SSLError("bad cert"))
     assert not is_proxy_failure(httpx.UnsupportedProtocol("ftp"))
     assert not is_proxy_failure(KeyError("mine"))
+
+
+def test_an_https_egressd_with_a_private_ca(scripted: tuple[Scripted, str], tmp_path: Path,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    import ssl
+
+    import trustme
+
+    state, url = scripted
+    ca = trustme.CA()
+    server_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("127.0.0.1").configure_cert(server_context)
+    state.tls = server_context
+    https = url.replace("http://", "https://")
+    state.script = [(204, None, {})]
+    with Client(https, token="t", retry=FAST) as untrusting, pytest.raises(EgressdUnavailable):
+        untrusting.release("L1")
+    ca_file = tmp_path / "ca.pem"
+    ca.cert_pem.write_to_path(str(ca_file))
+    monkeypatch.setenv("EGRESSD_CA_FILE", str(ca_file))
+    state.script = [(204, None, {})]
+    with Client(https, token="t", retry=FAST) as trusting:
+        trusting.release("L1")
+    assert state.seen == ["DELETE /v1/leases/L1"]

@@ -136,3 +136,17 @@ def test_a_lease_near_its_end_is_renewed(world: World, tmp_path: Path) -> None:
     assert result["stats"]["egressd/leases/acquired"] == 1 + result["stats"][
         "egressd/leases/renewed"]
     assert world.active_leases() == 0
+
+
+def test_an_idle_domain_gives_its_lease_back(world: World, tmp_path: Path) -> None:
+    urls = [f"{world.site_url}/ok/idle-{n}" for n in range(3)]
+    result, log = crawl(tmp_path, urls, {**egressd_settings(world), "EGRESSD_IDLE_RELEASE": 0.2,
+                                         "DOWNLOAD_DELAY": 0.8, "RANDOMIZE_DOWNLOAD_DELAY": False,
+                                         "CONCURRENT_REQUESTS": 1})
+    assert result["reason"] == "finished", log[-3000:]
+    assert len(result["delivered"]) == 3
+    stats = result["stats"]
+    # Given back while the next request waited out DOWNLOAD_DELAY, then leased again.
+    assert stats["egressd/leases/acquired"] >= 2
+    assert stats["egressd/leases/acquired"] - 1 <= stats["egressd/leases/idle_released"]
+    assert world.active_leases() == 0
