@@ -87,10 +87,34 @@ def test_run_with_good_files_goes_on_to_the_cluster_connection(tmp_path: pathlib
     # Every named file is fine, so start-up gets as far as the kubeconfig lookup, which
     # fails cleanly here (no kubeconfig, not in a cluster) — and never prints the token.
     token = tmp_path / "token"
-    token.write_text("s3cret\n")
+    token.write_text("s3cret-0123456789\n")  # 16+ characters: strong enough
     out = egressd("run", "--discovery-token-file", str(token),
                   env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)})
     assert out.returncode == 2, out.stderr
     assert "kubeconfig" in out.stderr
     assert "s3cret" not in out.stderr
     assert "Traceback" not in out.stderr
+
+
+@pytest.mark.parametrize(("token", "said"), [
+    ("change-me", "is the placeholder 'change-me', not a token"),
+    ("short-token", "is 11 characters, a token needs at least 16"),
+])
+def test_a_weak_discovery_token_stops_the_start_saying_how_to_set_one(
+        token: str, said: str, tmp_path: pathlib.Path) -> None:
+    """What an old manifests/config.yaml shipped, or a guessable one: refused at start,
+    before any connection (no kubeconfig is needed to find out)."""
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+    by_env = egressd("run", env={**env, "DISCOVERY_TOKEN": token})
+    token_file = tmp_path / "token"
+    token_file.write_text(token + "\n")
+    by_file = egressd("run", "--discovery-token-file", str(token_file), env=env)
+    for out, source in ((by_env, "$DISCOVERY_TOKEN"),
+                        (by_file, f"the token in --discovery-token-file {token_file}")):
+        assert out.returncode == 2, out.stderr
+        (line,) = out.stderr.splitlines()
+        assert line.startswith(f"egressd: error: {source} {said}: set a random one"), line
+        assert "kubectl -n egressd create secret generic egressd-discovery" in line
+        assert "docs/reference.md" in line
+        if token != "change-me":
+            assert token not in line  # a real (if weak) token is never printed

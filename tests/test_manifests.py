@@ -1,8 +1,11 @@
 """The deployment manifests hold together and keep their security promises (SPEC §10)."""
 
+import shutil
+import subprocess
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 MANIFESTS = Path(__file__).parent.parent / "manifests"
@@ -69,3 +72,33 @@ def test_the_image_build_copies_what_package_symlinks_point_to() -> None:
         if link.is_symlink():
             target = link.resolve().relative_to(root)
             assert target.parts[0] in copied, f"{link} -> {target}: not copied"
+
+
+def test_no_token_placeholder_is_applied_and_the_readme_creates_the_secret() -> None:
+    """A Secret in the kustomization would be reset by every re-apply: the token
+    Secret is made once by the README's command, and the Deployment reads that one."""
+    assert not [d for d in find("Secret") if "DISCOVERY_TOKEN" in
+                {**d.get("stringData", {}), **d.get("data", {})}]
+    (deployment,) = find("Deployment")
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    ref = next(e for e in container["env"]
+               if e["name"] == "DISCOVERY_TOKEN")["valueFrom"]["secretKeyRef"]
+    assert not ref.get("optional")  # Pods wait for it rather than start unauthenticated
+    readme = (MANIFESTS.parent / "README.md").read_text()
+    namespace = deployment["metadata"]["namespace"]
+    command = (f"kubectl -n {namespace} create secret generic {ref['name']} \\\n"
+               f"    --from-literal={ref['key']}=\"$(openssl rand -hex 32)\"")
+    assert command in readme
+    assert readme.index("kubectl apply -k manifests/") < readme.index(command)
+
+
+@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed")
+def test_the_kustomization_renders_with_kubectl(tmp_path: Path) -> None:
+    out = subprocess.run(["kubectl", "kustomize", str(MANIFESTS)], capture_output=True,
+                         text=True, timeout=60, check=False,
+                         env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path),
+                              "KUBECONFIG": str(tmp_path / "none")})
+    assert out.returncode == 0, out.stderr
+    rendered = [d for d in yaml.safe_load_all(out.stdout) if d]
+    assert sorted(d["kind"] for d in rendered) == sorted(d["kind"] for d in docs())
+    assert "Secret" not in {d["kind"] for d in rendered}
