@@ -43,6 +43,31 @@ JSON_PATCH = "application/json-patch+json"
 _NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
 
 
+class _Body(httpx.AsyncByteStream):
+    """A request body sent as one chunk, iterated without an async generator.
+
+    httpx wraps `content=bytes` in an async generator; a request cancelled
+    mid-send (a stop, a lost leadership) leaves that generator suspended, and
+    its finalizer can run after the trio run that made it has ended, which
+    Python reports as an unraisable exception. A plain iterator has nothing
+    to finalize.
+    """
+
+    def __init__(self, data: bytes) -> None:
+        self._data = data
+        self._sent = False
+
+    def __aiter__(self) -> _Body:
+        self._sent = False
+        return self
+
+    async def __anext__(self) -> bytes:
+        if self._sent:
+            raise StopAsyncIteration
+        self._sent = True
+        return self._data
+
+
 @attrs.frozen
 class RetryPolicy:
     """How the client retries 429 / 5xx / connection failures."""
@@ -130,9 +155,12 @@ class KubeClient:
             if content is not None:
                 headers["Content-Type"] = content_type
             request = self._http.build_request(
-                method, path, params=params, content=content, headers=headers,
+                method, path, params=params, headers=headers,
                 timeout=http_timeout if http_timeout is not None else httpx.USE_CLIENT_DEFAULT,
                 extensions=self._extensions)
+            if content is not None:
+                request.headers["Content-Length"] = str(len(content))
+                request.stream = _Body(content)
             try:
                 response = await self._http.send(request, stream=stream)
             except httpx.TransportError as exc:
