@@ -28,7 +28,7 @@ from collections.abc import Iterable, Mapping
 import attrs
 import trio
 
-from egressd.control.feed import feed_queue
+from egressd.control.feed import feed_instances, feed_queue, instance_informers
 from egressd.control.gc import run_orphan_gc
 from egressd.control.queue import WorkQueue
 from egressd.control.reconciler import Reconciler
@@ -308,6 +308,9 @@ async def _run_parts(
     queue: WorkQueue[str] = WorkQueue()
     # Every handler is registered before the informers run, so none misses the first list.
     feed_queue(queue, proxies=proxies, secrets=cloud_init)
+    # The kubernetes providers' Pods, so a Pod that fails or goes is replaced at once.
+    instances = instance_informers(inputs.providers, cluster_name=settings.cluster_name)
+    feed_instances(queue, proxies=proxies, instances=instances)
     source = InformerProxySource(proxies)
     health = HealthRelay()
     writer = CooldownWriter(client=client, lookup=proxies.get, clock=time.time)
@@ -345,6 +348,8 @@ async def _run_parts(
         discovery_url: str = (await nursery.start(functools.partial(
             serve_app, discovery, settings.discovery_addr, grace=settings.shutdown_grace)))[0]
         gateway_url = await _start_gateway(nursery, inputs, source=source, store=store)
+        for informer in instances:  # only the reconciler reads them: after the servers
+            await nursery.start(informer.run, client)
         if leader_elect:
             identity = f"{hostname}_{secrets.token_hex(4)}"
             await nursery.start(functools.partial(

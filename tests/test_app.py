@@ -28,7 +28,7 @@ from egressd.errors import ConfigError
 from egressd.kube.client import KubeClient
 from egressd.kube.errors import NotFound
 from egressd.kube.informer import Informer
-from egressd.kube.resources import LEASES, PROXIES, SECRETS
+from egressd.kube.resources import LEASES, PODS, PROXIES, SECRETS
 from egressd.model.constants import CLOUD_INIT_LABEL
 from egressd.sandbox.apiserver import FakeApiServer
 from egressd.sandbox.apiserver.tls import kubeconfig as kubeconfig_text
@@ -544,3 +544,36 @@ def test_run_without_any_kubeconfig_exits_2_with_one_line(tmp_path: Path) -> Non
     assert len(out.stderr.strip().splitlines()) == 1
     assert "Traceback" not in out.stderr
     assert TOKEN not in out.stderr
+
+
+async def test_the_daemon_replaces_a_deleted_pod_from_its_pod_watch(
+    apiserver: FakeApiServer, kubeconfig: str, kube_client: KubeClient, tmp_path: Path,
+) -> None:
+    # The poll and resync are beyond the deadline: only the daemon's Pod informer
+    # (by the GC labels, in the provider's namespace) can bring the pass.
+    apiserver.create(namespace("pods"))
+    providers = tmp_path / "providers.yaml"
+    providers.write_text("providers:\n  - name: pods\n    type: kubernetes\n"
+                         "    kubernetes: {namespace: pods, image: squid}\n")
+    apiserver.create({
+        "apiVersion": "crawl.example.com/v1alpha1", "kind": "Proxy",
+        "metadata": {"name": "managed", "namespace": "default"},
+        "spec": {"mode": "Managed", "provider": "pods",
+                 "cloudInit": {"inline": "#cloud-config"}}})
+    with trio.fail_after(20):
+        async with trio.open_nursery() as nursery:
+            proxies = await watching(nursery, kube_client, Informer(PROXIES))
+            pods = await watching(nursery, kube_client, Informer(PODS, namespace="pods"))
+            await nursery.start(functools.partial(
+                run_daemon, daemon_inputs(
+                    kubeconfig, "--providers-config", str(providers),
+                    "--provisioning-poll", "5m", "--ready-resync", "5m", *ELECTION),
+                environ={}))
+            proxy = await wait_for(proxies, "default/managed",
+                                   lambda o: bool((o.get("status") or {}).get("providerID")))
+            name = proxy["status"]["providerID"].partition("/")[2]
+            first = await wait_for(pods, f"pods/{name}", lambda _o: True)
+            await kube_client.delete(PODS, name, namespace="pods")
+            await wait_for(pods, f"pods/{name}", lambda o: (
+                o["metadata"]["uid"] != first["metadata"]["uid"]))
+            nursery.cancel_scope.cancel()

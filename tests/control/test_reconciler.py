@@ -191,9 +191,11 @@ async def test_spec_change_replaces_instance(world: World) -> None:
 
 async def test_pod_deleted_underneath_is_recreated(apiserver: FakeApiServer,
                                                    kube_config: KubeConfig) -> None:
-    # Pod events are no source (SPEC §5): the ready resync finds the loss.
+    # Without Pod events (a provider that cannot be watched), the ready resync finds
+    # the loss; test_instance_watch.py has the same loss seen through the Pod watch.
     settings = attrs.evolve(TEST_SETTINGS, ready_resync=0.2)
-    async with open_world(apiserver, kube_config, settings=settings) as world:
+    async with open_world(apiserver, kube_config, settings=settings,
+                          watch_instances=False) as world:
         await pod_deleted_underneath(world)
 
 
@@ -276,7 +278,7 @@ async def test_status_written_only_when_changed_and_never_cooldowns(world: World
         await world.wait_proxy("c1", lambda o: "cooldowns" in o["status"])
         # A real change (a new Pod IP) makes the reconciler write again.
         await world.kubelet_runs(name, "10.0.0.12")
-        world.queue.add("default/c1")  # Pod events are no source (SPEC §5): a resync is
+        world.queue.add("default/c1")  # a resync (the Pod's event enqueues it too)
         proxy = await world.wait_proxy("c1", lambda o: o["status"].get("ip") == "10.0.0.12"
                                        and phase(o) == "Ready")
         ours = [b for b in world.status_patches("c1") if "phase" in b["status"]]
@@ -347,10 +349,10 @@ async def ready_managed(world: World, name: str, ip: str) -> dict[str, Any]:
 async def test_unhealthy_proxy_whose_pod_is_gone_is_recreated(
         apiserver: FakeApiServer, kube_config: KubeConfig) -> None:
     # A 2 s probe interval (the CRD's minimum is 5) so the failing probe comes soon;
-    # the ready resync (30 s) is beyond the deadline: the health transition alone
-    # brings the pass that finds the Pod gone.
+    # the ready resync (30 s) is beyond the deadline and Pod events are off: the
+    # health transition alone brings the pass that finds the Pod gone.
     apiserver.install_crd(loose_crd(intervalSeconds=2))
-    async with open_world(apiserver, kube_config) as world:
+    async with open_world(apiserver, kube_config, watch_instances=False) as world:
         with trio.fail_after(10):
             await world.create_proxy("h1", managed_spec(healthCheck={
                 "probeURL": PROBE_URL, "intervalSeconds": 2, "timeoutSeconds": 1,

@@ -20,7 +20,7 @@ import attrs
 import httpx
 import trio
 
-from egressd.control.feed import feed_queue
+from egressd.control.feed import feed_instances, feed_queue, instance_informers
 from egressd.control.queue import WorkQueue
 from egressd.control.reconciler import Reconciler
 from egressd.health.engine import HealthEngine
@@ -32,7 +32,7 @@ from egressd.kube.events import EventRecorder
 from egressd.kube.informer import Informer
 from egressd.kube.resources import NAMESPACES, PODS, PROXIES, SECRETS
 from egressd.model.constants import CLOUD_INIT_LABEL
-from egressd.providers.config import KubernetesConfig
+from egressd.providers.config import KubernetesConfig, ProviderConfig, ProvidersConfig
 from egressd.providers.kubernetes import KubernetesProvider
 from egressd.providers.metrics import MeteredProvider
 from egressd.providers.registry import ProviderRegistry
@@ -188,11 +188,14 @@ async def open_world(server: FakeApiServer, config: KubeConfig, *,
                      hold: Callable[[httpx.Request], Awaitable[None]] | None = None,
                      providers: tuple[str, ...] = (PROVIDER, PROVIDER_B),
                      retry: RetryPolicy = FAST_RETRY,
+                     watch_instances: bool = True,
                      ) -> AsyncIterator[World]:
     """Start everything in a nursery; cancelled when the block ends.
 
     `providers`: the names the daemon's providers config lists (a daemon
-    configured without one of them); `retry`: the client's own retries.
+    configured without one of them); `retry`: the client's own retries;
+    `watch_instances=False`: no Pod events reach the queue (a provider without
+    a watch, like gcp: only the resync and health transitions find a loss).
     A world may follow another on the same server (a second daemon).
     """
     requests: list[tuple[str, str, Any]] = []
@@ -219,11 +222,17 @@ async def open_world(server: FakeApiServer, config: KubeConfig, *,
             return ProbeResult(ok, 0.012, "status 204" if ok else "connect refused")
 
         engine = HealthEngine(probe, on_change=queue.add, concurrency=4, tick=0.02)
+        config = ProvidersConfig(tuple(
+            ProviderConfig(name=name, settings=KubernetesConfig(
+                namespace=namespace, image="ubuntu/squid:6.6-24.04_edge"))
+            for name, namespace in PROVIDERS if name in providers))
         registry = ProviderRegistry({
-            name: MeteredProvider(KubernetesProvider(
-                KubernetesConfig(namespace=namespace, image="ubuntu/squid:6.6-24.04_edge"),
-                client=client), name=name)
-            for name, namespace in PROVIDERS if name in providers})
+            entry.name: MeteredProvider(KubernetesProvider(entry.settings, client=client),
+                                        name=entry.name)
+            for entry in config.providers if isinstance(entry.settings, KubernetesConfig)})
+        # The daemon's own Pod informers (app.py), beside the tests' unfiltered one.
+        instances = (instance_informers(config, cluster_name=settings.cluster_name)
+                     if watch_instances else [])
         reconciler = Reconciler(client=client, proxies=proxies, secrets=secrets,
                                 providers=registry, engine=engine, queue=queue,
                                 events=EventRecorder(client), settings=settings)
@@ -235,7 +244,8 @@ async def open_world(server: FakeApiServer, config: KubeConfig, *,
                       pulse=Pulse(proxies, secrets, pods),
                       health=health, requests=requests)
         feed_queue(queue, proxies=proxies, secrets=secrets)
-        for informer in (proxies, secrets, pods):
+        feed_instances(queue, proxies=proxies, instances=instances)
+        for informer in (proxies, secrets, pods, *instances):
             await nursery.start(informer.run, client)
         await nursery.start(queue.run)
         await nursery.start(engine.run)
