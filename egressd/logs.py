@@ -12,6 +12,8 @@ import logging
 import sys
 from typing import Any, TextIO
 
+from egressd.timestamps import format_wall
+
 # Attributes every LogRecord has; anything else on a record came from `extra=`.
 _STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"message", "asctime"}
 
@@ -25,7 +27,7 @@ class JSONFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         out: dict[str, Any] = {
-            "ts": self.formatTime(record, "%Y-%m-%dT%H:%M:%S") + f".{int(record.msecs):03d}Z",
+            "ts": format_wall(record.created, precision="milli"),
             "level": record.levelname.lower(),
             "logger": record.name,
             "msg": record.getMessage(),

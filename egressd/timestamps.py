@@ -3,7 +3,8 @@
 Written always in UTC with "Z". `format_time` writes fractional seconds only
 when there are any (metav1.Time); `precision="seconds"` drops them (Event
 times) and `precision="micro"` always writes six digits (metav1.MicroTime, the
-Lease's renewTime). Reading accepts any offset and Go's nine fraction digits.
+Lease's renewTime); `"milli"` three (log lines). Reading accepts any offset
+and Go's nine fraction digits.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import datetime as dt
 import re
 from typing import Literal
 
-Precision = Literal["auto", "seconds", "micro"]
+Precision = Literal["auto", "seconds", "milli", "micro"]
 
 _RFC3339 = re.compile(
     r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+-]\d{2}:\d{2})$"
@@ -37,6 +38,8 @@ def format_time(value: dt.datetime, *, precision: Precision = "auto") -> str:
     if value.tzinfo is None:
         raise ValueError(f"naive datetime {value!r}: timestamps must be timezone-aware")
     utc = value.astimezone(dt.UTC)
+    if precision == "milli":
+        return utc.strftime("%Y-%m-%dT%H:%M:%S.") + f"{utc.microsecond // 1000:03d}Z"
     if precision == "micro" or (precision == "auto" and utc.microsecond):
         return utc.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
     return utc.strftime("%Y-%m-%dT%H:%M:%SZ")

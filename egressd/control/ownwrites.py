@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from egressd.kube.resources import resource_version
+
 Obj = dict[str, Any]
 
 
@@ -32,7 +34,7 @@ class OwnWrites:
         if cached is None:
             del self._ahead[key]
             return None, frozenset()
-        if str((cached.get("metadata") or {}).get("resourceVersion") or "") in superseded:
+        if resource_version(cached) in superseded:
             return mine, superseded
         del self._ahead[key]  # the cache caught up, or someone else wrote since
         return cached, frozenset()

@@ -21,6 +21,7 @@ from typing import Generic, TypeVar
 
 import trio
 
+from egressd.backoff import Backoff
 from egressd.errors import EgressdError
 from egressd.metrics import WORKQUEUE_DEPTH, WORKQUEUE_RETRIES
 
@@ -34,9 +35,11 @@ class QueueShutDown(EgressdError):
 class WorkQueue(Generic[K]):
     """A deduplicating, delaying, rate-limited queue of keys for N workers."""
 
-    def __init__(self, *, base_delay: float = 1.0, max_delay: float = 300.0) -> None:
-        self._base_delay = base_delay
-        self._max_delay = max_delay
+    def __init__(self, *, base_delay: float = 1.0, max_delay: float = 300.0,
+                 jitter: tuple[float, float] = (1.0, 1.0)) -> None:
+        """Per-key backoff: `base_delay` doubling to `max_delay`; no jitter by default
+        (client-go's item limiter), so a key's retry times stay predictable."""
+        self._backoff = Backoff(base_delay, max_delay, jitter=jitter)
         self._queue: deque[K] = deque()
         # Keys that need processing: queued, or re-added while processing.
         self._dirty: set[K] = set()
@@ -102,14 +105,13 @@ class WorkQueue(Generic[K]):
 
     def backoff(self, key: K) -> float:
         """The delay the next `add_rate_limited(key)` will use."""
-        failures = self._failures.get(key, 0)
-        return float(min(self._base_delay * 2.0 ** min(failures, 62), self._max_delay))
+        return self._backoff.delay(self._failures.get(key, 0) + 1)
 
     def add_rate_limited(self, key: K, *, at_least: float = 0.0) -> float:
         """Queue `key` after its per-key backoff, lengthened to `at_least` seconds (a
         server's Retry-After, bounded by the maximum delay), and lengthen the backoff.
         Returns the delay."""
-        delay = max(self.backoff(key), min(at_least, self._max_delay))
+        delay = max(self.backoff(key), min(at_least, self._backoff.maximum))
         self._failures[key] = self._failures.get(key, 0) + 1
         WORKQUEUE_RETRIES.inc()
         self.add_after(key, delay)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import logging
-import random
 import ssl
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
@@ -21,6 +20,7 @@ import attrs
 import httpx
 import trio
 
+from egressd.backoff import Backoff
 from egressd.kube.config import KubeConfig
 from egressd.kube.errors import (
     ApiUnavailable,
@@ -29,6 +29,7 @@ from egressd.kube.errors import (
     parse_retry_after,
 )
 from egressd.kube.resources import Resource
+from egressd.kube.resources import resource_version as version_of
 from egressd.kube.watch import WatchStream
 
 log = logging.getLogger(__name__)
@@ -81,10 +82,14 @@ class RetryPolicy:
     max_retry_after: float = 60.0
     """A server's Retry-After is honoured up to this many seconds."""
 
+    @property
+    def backoff(self) -> Backoff:
+        """The backoff between tries, ±20 % jitter so clients that failed together spread."""
+        return Backoff(self.base_delay, self.max_delay, jitter=(0.8, 1.2))
+
     def delay(self, attempt: int, retry_after: float | None = None) -> float:
         """Seconds to wait after failed try number `attempt` (1-based)."""
-        backoff = min(self.base_delay * 2.0 ** (attempt - 1), self.max_delay)
-        backoff *= random.uniform(0.8, 1.2)  # noqa: S311 - jitter, not crypto
+        backoff = self.backoff.delay(attempt)
         if retry_after is not None:
             return max(backoff, min(retry_after, self.max_retry_after))
         return backoff
@@ -233,10 +238,9 @@ class KubeClient:
             # The preview leaves the items out: they may be Secrets.
             shape = {k: v for k, v in body.items() if k != "items"}
             raise bad_json(200, json.dumps(shape).encode())
-        meta = body.get("metadata") or {}
         return ObjectList(
             items=[_typed(item, res) for item in items],
-            resource_version=str(meta.get("resourceVersion") or ""),
+            resource_version=version_of(body),
         )
 
     @asynccontextmanager

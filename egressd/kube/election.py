@@ -19,15 +19,15 @@ slow answer must not stretch this replica's term past the standby's wait.
 
 from __future__ import annotations
 
-import datetime
 import logging
 import math
-import random
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import trio
 
+from egressd import timestamps
+from egressd.backoff import Backoff
 from egressd.kube.client import KubeClient
 from egressd.kube.errors import ApiError, ApiUnavailable, Conflict, NotFound
 from egressd.kube.resources import LEASES
@@ -36,8 +36,9 @@ from egressd.metrics import LEADER
 log = logging.getLogger(__name__)
 
 
-def _now() -> str:
-    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+def _renew_time() -> str:
+    # A Lease's times are metav1.MicroTime: always six fraction digits.
+    return timestamps.now(precision="micro")
 
 
 class LeaderElector:
@@ -96,7 +97,7 @@ class LeaderElector:
         return self._observed_at + duration > trio.current_time()
 
     def _spec(self, old: dict[str, Any] | None) -> dict[str, Any]:
-        now = _now()
+        now = _renew_time()
         old = old or {}
         same = old.get("holderIdentity") == self.identity
         transitions = int(old.get("leaseTransitions") or 0)
@@ -153,7 +154,9 @@ class LeaderElector:
                     return
             except (ApiError, ApiUnavailable) as exc:
                 log.warning("acquiring the leader lease failed", extra={"error": str(exc)})
-            await trio.sleep(self.retry_period * random.uniform(1.0, 1.2))  # noqa: S311
+            # client-go's JitterUntil: +0-20 %, so candidates do not knock in step.
+            await trio.sleep(Backoff(self.retry_period, self.retry_period,
+                                     jitter=(1.0, 1.2)).delay(1))
 
     async def keep(self) -> None:
         """Renew every retry period; return as soon as leadership is lost.
@@ -189,8 +192,8 @@ class LeaderElector:
         spec = dict(lease.get("spec") or {})
         if spec.get("holderIdentity") != self.identity:
             return
-        spec.update(holderIdentity="", leaseDurationSeconds=1, renewTime=_now(),
-                    acquireTime=_now())
+        spec.update(holderIdentity="", leaseDurationSeconds=1, renewTime=_renew_time(),
+                    acquireTime=_renew_time())
         released = await self._client.replace(
             LEASES, self.name, {**lease, "spec": spec}, namespace=self.namespace)
         self._observe(released)

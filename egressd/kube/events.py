@@ -11,7 +11,6 @@ occurrences would create one Event each.
 
 from __future__ import annotations
 
-import datetime
 import logging
 import time
 from collections import OrderedDict
@@ -20,9 +19,10 @@ from typing import Any
 import attrs
 import trio
 
+from egressd import timestamps
 from egressd.kube.client import KubeClient
 from egressd.kube.errors import ApiError, ApiUnavailable, NotFound
-from egressd.kube.resources import EVENTS
+from egressd.kube.resources import EVENTS, resource_version
 
 log = logging.getLogger(__name__)
 
@@ -47,10 +47,6 @@ class _Seen:
     name: str
     namespace: str
     count: int
-
-
-def _timestamp() -> str:
-    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 class EventRecorder:
@@ -94,7 +90,8 @@ class EventRecorder:
                 try:
                     event = await self._client.merge_patch(
                         EVENTS, seen.name,
-                        {"count": seen.count + 1, "lastTimestamp": _timestamp()},
+                        {"count": seen.count + 1,
+                         "lastTimestamp": timestamps.now(precision="seconds")},
                         namespace=seen.namespace)
                 except NotFound:
                     pass  # expired on the server: start a new one
@@ -116,14 +113,13 @@ class EventRecorder:
         return event
 
     def _event(self, obj: dict[str, Any], key: _Key, namespace: str) -> dict[str, Any]:
-        now = _timestamp()
-        meta = obj.get("metadata") or {}
+        now = timestamps.now(precision="seconds")
         involved: dict[str, Any] = {
             "apiVersion": key.api_version, "kind": key.kind, "name": key.name,
             "namespace": key.namespace, "uid": key.uid,
         }
-        if meta.get("resourceVersion"):
-            involved["resourceVersion"] = meta["resourceVersion"]
+        if resource_version(obj):
+            involved["resourceVersion"] = resource_version(obj)
         return {
             # client-go names events <object>.<unix nanos in hex>: unique, and
             # sorted by time in `kubectl get events`.

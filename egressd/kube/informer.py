@@ -20,9 +20,11 @@ from typing import Any
 import attrs
 import trio
 
+from egressd.backoff import Backoff, Retries
 from egressd.kube.client import KubeClient
 from egressd.kube.errors import ApiError, ApiUnavailable, Gone
 from egressd.kube.resources import Resource, object_key
+from egressd.kube.resources import resource_version as version_of
 from egressd.kube.watch import ADDED, BOOKMARK, DELETED, MODIFIED, WatchCut, WatchEvent
 from egressd.metrics import WATCH_RESTARTS
 
@@ -40,27 +42,6 @@ class Handler:
     """Called with (old, new)."""
     on_delete: Callable[[Obj], None] | None = None
     """Called with the last state of the object."""
-
-
-@attrs.define
-class Backoff:
-    """Exponential backoff with jitter: `initial` doubling up to `maximum`."""
-
-    initial: float = 0.8
-    maximum: float = 30.0
-    _current: float = 0.0
-
-    def next(self) -> float:
-        self._current = self.initial if self._current == 0 else min(
-            self._current * 2, self.maximum)
-        return self._current * random.uniform(1.0, 1.5)  # noqa: S311 - jitter, not crypto
-
-    def reset(self) -> None:
-        self._current = 0.0
-
-
-def _rv(obj: Obj) -> str:
-    return str((obj.get("metadata") or {}).get("resourceVersion") or "")
 
 
 class Informer:
@@ -89,7 +70,9 @@ class Informer:
         self.synced = trio.Event()
         self._watch_timeout = watch_timeout
         self._inactivity_timeout = inactivity_timeout
-        self._backoff = Backoff(*relist_backoff)
+        # Only lengthened (1.0-1.5): a relist storm against a struggling server is what
+        # the backoff is for.
+        self._backoff = Retries(Backoff(*relist_backoff, jitter=(1.0, 1.5)))
         self._healthy_watch = healthy_watch
         self._cache: dict[str, Obj] = {}
         self._handlers: list[Handler] = []
@@ -174,7 +157,7 @@ class Informer:
             old = old_cache.get(key)
             if old is None:
                 self._added(obj)
-            elif _rv(old) != _rv(obj):
+            elif version_of(old) != version_of(obj):
                 self._updated(old, obj)
 
     def _apply(self, event: WatchEvent) -> None:

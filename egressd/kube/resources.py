@@ -6,9 +6,13 @@ for a collection, one object or a subresource, so no other module formats URLs.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
 from urllib.parse import quote
 
 import attrs
+
+from egressd.model.constants import GROUP, KIND, PLURAL, VERSION
 
 
 @attrs.frozen
@@ -55,12 +59,18 @@ class Resource:
         return "/".join(parts)
 
 
-PROXIES = Resource("crawl.example.com", "v1alpha1", "proxies", "Proxy")
+PROXIES = Resource(GROUP, VERSION, PLURAL, KIND)
 PODS = Resource("", "v1", "pods", "Pod")
 SECRETS = Resource("", "v1", "secrets", "Secret")
 EVENTS = Resource("", "v1", "events", "Event")
 LEASES = Resource("coordination.k8s.io", "v1", "leases", "Lease")
 NAMESPACES = Resource("", "v1", "namespaces", "Namespace", namespaced=False)
+
+
+def resource_version(obj: Mapping[str, Any]) -> str:
+    """An object's (or a list's) `metadata.resourceVersion`; "" when it has none."""
+    meta = obj.get("metadata")
+    return str(meta.get("resourceVersion") or "") if isinstance(meta, Mapping) else ""
 
 
 def object_key(obj: dict[str, object]) -> str:

@@ -18,6 +18,7 @@ import httpx
 import trio
 
 from egressd.kube.errors import ApiUnavailable, bad_json, error_from_status
+from egressd.kube.resources import resource_version
 
 ADDED = "ADDED"
 MODIFIED = "MODIFIED"
@@ -34,8 +35,7 @@ class WatchEvent:
 
     @property
     def resource_version(self) -> str:
-        meta = self.object.get("metadata") or {}
-        return str(meta.get("resourceVersion") or "")
+        return resource_version(self.object)
 
 
 class WatchCut(ApiUnavailable):

@@ -37,9 +37,11 @@ from egressd.kube.client import KubeClient
 from egressd.kube.errors import ApiError, ApiUnavailable, Conflict, NotFound
 from egressd.kube.informer import Informer
 from egressd.kube.resources import PROXIES, object_key
+from egressd.kube.resources import resource_version as kube_resource_version
 from egressd.leases.interface import GLOBAL, Cooldown, Result, outlasts
 from egressd.model.constants import GLOBAL_COOLDOWN_KEY
-from egressd.model.convert import ModelError, format_time, parse_proxy
+from egressd.model.convert import ModelError, parse_proxy
+from egressd.timestamps import format_wall
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +79,7 @@ def _wall(value: dt.datetime) -> float:
 
 
 def _timestamp(wall: float) -> str:
-    return format_time(dt.datetime.fromtimestamp(wall, tz=dt.UTC))
+    return format_wall(wall)
 
 
 @attrs.frozen
@@ -291,7 +293,7 @@ class CooldownWriter:
         recorded: dict[str, Cooldown] = {}
         resource_version = None
         if current is not None:
-            resource_version = (current.get("metadata") or {}).get("resourceVersion")
+            resource_version = kube_resource_version(current) or None
             try:
                 recorded = cooldowns_in(current)
             except ModelError:

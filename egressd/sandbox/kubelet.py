@@ -31,10 +31,11 @@ from typing import Any
 import attrs
 import trio
 
+from egressd.backoff import Backoff, Retries
 from egressd.errors import EgressdError
 from egressd.kube.client import KubeClient
 from egressd.kube.errors import ApiError, ApiUnavailable, NotFound
-from egressd.kube.informer import Backoff, Informer
+from egressd.kube.informer import Informer
 from egressd.kube.resources import PODS, object_key
 from egressd.providers.kubernetes import CONF_ENV
 from egressd.sandbox.localproxy import (
@@ -300,7 +301,7 @@ class LocalKubelet:
 
     async def _write_status(self, name: str, status: Obj) -> bool:
         """Patch the Pod's status until it lands; False if the Pod is gone."""
-        backoff = Backoff(initial=0.5, maximum=10.0)
+        backoff = Retries(Backoff(0.5, 10.0, jitter=(1.0, 1.5)))
         while True:
             try:
                 await self._client.patch_status(PODS, name, {"status": status},

@@ -10,9 +10,10 @@ from typing import Any
 import httpx
 import trio
 
+from egressd.backoff import Backoff, Retries
 from egressd.kube.client import KubeClient, open_client
 from egressd.kube.config import KubeConfig, load_config
-from egressd.kube.informer import Backoff, Informer
+from egressd.kube.informer import Informer
 from egressd.kube.resources import SECRETS
 from egressd.metrics import REGISTRY
 from egressd.sandbox.apiserver import FakeApiServer
@@ -266,7 +267,7 @@ async def test_watch_parameters_and_resume_version(kube_config: KubeConfig,
 
 
 def test_relist_backoff_doubles_to_the_cap_with_jitter() -> None:
-    backoff = Backoff(0.8, 30.0)
+    backoff = Retries(Backoff(0.8, 30.0, jitter=(1.0, 1.5)))
     delays = [backoff.next() for _ in range(9)]
     bases = [0.8, 1.6, 3.2, 6.4, 12.8, 25.6, 30.0, 30.0, 30.0]
     for delay, base in zip(delays, bases, strict=True):
