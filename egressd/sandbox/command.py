@@ -38,10 +38,11 @@ import yaml
 
 from egressd import logs
 from egressd.app import load_inputs, run_daemon
+from egressd.backoff import Backoff
 from egressd.errors import ConfigError, EgressdError
 from egressd.kube.client import KubeClient, open_client
 from egressd.kube.config import load_config
-from egressd.kube.informer import Backoff, Informer
+from egressd.kube.informer import Informer
 from egressd.kube.resources import NAMESPACES, PROXIES
 from egressd.providers.config import KUBERNETES
 from egressd.sandbox.apiserver import FakeApiServer

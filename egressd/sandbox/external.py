@@ -14,7 +14,7 @@ import logging
 
 import trio
 
-from egressd.kube.informer import Backoff
+from egressd.backoff import Backoff, Retries
 from egressd.sandbox.kubelet import AddressPool, open_pooled_proxy
 from egressd.sandbox.localproxy import ProxySoftware, ProxyStartFailed, open_local_proxy
 
@@ -42,13 +42,13 @@ async def run_external_proxy(
     same address, which the Proxy's `spec.endpoint` names. A restart that
     cannot start (another program took the port meanwhile) is retried.
     """
-    backoff = backoff or Backoff(initial=RESTART_INITIAL, maximum=RESTART_MAX)
+    retries = Retries(backoff or Backoff(RESTART_INITIAL, RESTART_MAX, jitter=(1.0, 1.5)))
     async with open_pooled_proxy(software, addresses=addresses, port=port) as proxy:
         host = proxy.host
         task_status.started((host, port))
         code: int | None = await proxy.wait()
     while True:
-        delay = backoff.next()
+        delay = retries.next()
         log.warning("the External sample's proxy exited; restarting it",
                     extra={"kind": software.kind, "address": f"{host}:{port}", "code": code,
                            "delay": round(delay, 1)})
@@ -58,7 +58,7 @@ async def run_external_proxy(
                 began = trio.current_time()
                 code = await proxy.wait()
                 if trio.current_time() - began >= STABLE_AFTER:
-                    backoff.reset()
+                    retries.reset()
         except ProxyStartFailed as exc:
             log.warning("the External sample's proxy did not start",
                         extra={"address": f"{host}:{port}", "error": str(exc)})

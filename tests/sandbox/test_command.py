@@ -23,11 +23,12 @@ import pytest
 import trio
 import yaml
 
+from egressd.backoff import Backoff
 from egressd.cli import _parser, main
 from egressd.errors import EgressdError
 from egressd.kube.client import open_client
 from egressd.kube.config import load_config
-from egressd.kube.informer import Backoff, Informer
+from egressd.kube.informer import Informer
 from egressd.kube.resources import PROXIES
 from egressd.sandbox.apiserver import FakeApiServer
 from egressd.sandbox.command import (
