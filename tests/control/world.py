@@ -201,7 +201,12 @@ async def open_world(server: FakeApiServer, config: KubeConfig, *,
     requests: list[tuple[str, str, Any]] = []
 
     async def record(request: httpx.Request) -> None:
-        body = json.loads(request.content) if request.content else None
+        # The client sends its body as a stream (no `request.content`); it can be
+        # iterated again, so reading it here leaves what is sent untouched.
+        stream = request.stream
+        data = b"".join([chunk async for chunk in stream]
+                        if isinstance(stream, httpx.AsyncByteStream) else [])
+        body = json.loads(data) if data else None
         requests.append((request.method, request.url.path, body))
         if hold is not None:
             await hold(request)
