@@ -102,3 +102,25 @@ def test_the_kustomization_renders_with_kubectl(tmp_path: Path) -> None:
     rendered = [d for d in yaml.safe_load_all(out.stdout) if d]
     assert sorted(d["kind"] for d in rendered) == sorted(d["kind"] for d in docs())
     assert "Secret" not in {d["kind"] for d in rendered}
+
+
+def test_every_field_of_the_proxy_schema_is_described() -> None:
+    """`kubectl explain proxy.spec` (and every field below) prints the CRD's descriptions."""
+    (crd,) = find("CustomResourceDefinition")
+    (version,) = crd["spec"]["versions"]
+    missing = []
+
+    def walk(node: dict[str, Any], path: str) -> None:
+        if not str(node.get("description") or "").strip():
+            missing.append(path)
+        for name, child in (node.get("properties") or {}).items():
+            walk(child, f"{path}.{name}")
+        if isinstance(node.get("additionalProperties"), dict):
+            walk(node["additionalProperties"], f"{path}.*")
+        if isinstance(node.get("items"), dict):
+            walk(node["items"], f"{path}[]")
+
+    walk(version["schema"]["openAPIV3Schema"], "proxy")
+    assert missing == []
+    columns = {c["name"]: c for c in version["additionalPrinterColumns"]}
+    assert all(columns[name].get("priority") == 1 for name in ("Provider-ID", "IP"))

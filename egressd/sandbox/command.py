@@ -217,8 +217,37 @@ def guide(info: SandboxInfo) -> str:
         f"  curl -x http://egressd:$TOKEN@{info.gateway_url.removeprefix('http://')} "
         f"--cacert {info.probe_ca_file} {info.probe_url}",
         "  (the gateway: no lease call at all, one lease per tunnel; docs/gateway.md)",
+        "",
+        "A Proxy of your own, ready to paste (it probes the local target: the default "
+        "probe URL needs internet):",
+        own_proxy_command(info.probe_url),
         "Stop with Ctrl-C.",
         "",
+    ])
+
+
+def own_proxy_command(probe_url: str) -> str:
+    """`kubectl apply` of a Managed Proxy on the sandbox's provider, as a shell here-document.
+
+    Its probe URL is the sandbox's own target: a Proxy written from the docs
+    alone would probe the internet by default, which a sandbox may not reach.
+    """
+    return "\n".join([
+        "kubectl apply -f - <<'EOF'",
+        f"apiVersion: {PROXIES.api_version}",
+        f"kind: {PROXIES.kind}",
+        "metadata:",
+        "  name: mine",
+        f"  namespace: {SAMPLE_NAMESPACE}",
+        "spec:",
+        "  mode: Managed",
+        f"  provider: {PROVIDER_NAME}",
+        "  attributes: {team: me}",
+        "  healthCheck:",
+        f"    probeURL: {probe_url}",
+        f"    intervalSeconds: {PROBE_INTERVAL}",
+        f"    timeoutSeconds: {PROBE_TIMEOUT}",
+        "EOF",
     ])
 
 

@@ -34,16 +34,6 @@ pytestmark = [
 ]
 
 MANAGED = 2
-PROXY_YAML = """\
-apiVersion: crawl.example.com/v1alpha1
-kind: Proxy
-metadata: {{name: mine, namespace: default}}
-spec:
-  mode: Managed
-  provider: local
-  attributes: {{team: me}}
-  healthCheck: {{probeURL: "{probe_url}", intervalSeconds: 5, timeoutSeconds: 2}}
-"""
 STARTED = re.compile(r"local proxy started kind=\S+ address=(\S+) pid=(\d+)")
 
 
@@ -153,10 +143,18 @@ async def test_sandbox_as_a_user(tmp_path: Path) -> None:
 
 
 def guide_commands(output: str) -> list[str]:
-    """The commands of the printed guide, in order, as a user would copy them."""
+    """The commands of the printed guide's "Try:" list, in order, as a user would copy them."""
     _, _, tried = output.partition("Try:\n")
+    tried, _, _ = tried.partition("\n\n")
     return [line.strip() for line in tried.splitlines()
             if line.startswith("  ") and not line.strip().startswith("(")]
+
+
+def guide_heredoc(output: str) -> str:
+    """The guide's `kubectl apply -f - <<'EOF'` ... `EOF` block, as a user would paste it."""
+    start = output.index("kubectl apply -f - <<'EOF'\n")
+    end = output.index("\nEOF\n", start) + len("\nEOF\n")
+    return output[start:end]
 
 
 async def _scenario(process: trio.Process, ready_file: Path, log: Path, home: Path) -> None:
@@ -180,6 +178,19 @@ async def _scenario(process: trio.Process, ready_file: Path, log: Path, home: Pa
                               "LATENCY", "AGE"]
     table = {cells[1]: cells for cells in (row.split() for row in rows)}
     assert sorted(table) == ["external-1", "sample-1", "sample-2"]
+    # -o wide adds the provider ID and the IP (an External proxy has neither).
+    wide_header, *wide_rows = (await run(env, "kubectl", "get", "px", "-o", "wide")
+                               ).splitlines()
+    assert wide_header.split()[-3:] == ["AGE", "PROVIDER-ID", "IP"]
+    at = wide_header.index("PROVIDER-ID")
+    wide = {row.split()[0]: row[at:].split() for row in wide_rows}
+    assert wide["external-1"] == [], wide  # blank cells
+    provider_id, ip = wide["sample-1"]
+    assert provider_id.startswith("egressd-proxies/"), wide
+    assert ip == table["sample-1"][4]  # the Pod's loopback address
+    # Every field is described; the default probe URL says it needs internet.
+    explained = await run(env, "kubectl", "explain", "proxy.spec.healthCheck.probeURL")
+    assert "needs internet" in " ".join(explained.split()), explained
     for name, cells in table.items():
         phase, host, port, healthy = cells[3:7]
         assert (phase, port, healthy) == ("Ready", "3128", "True"), (name, cells)
@@ -240,8 +251,10 @@ async def _scenario(process: trio.Process, ready_file: Path, log: Path, home: Pa
         lines = Lines(watch.stdout)
         await lines.until(lambda cells: cells[:1] == ["external-1"])  # the initial table
 
-        manifest = PROXY_YAML.format(probe_url=info["probeUrl"])
-        await run(env, "kubectl", "apply", "-f", "-", stdin=manifest.encode())
+        # The guide's own Proxy, pasted into a shell as printed: it probes the local target.
+        pasted = guide_heredoc(output.decode())
+        assert info["probeUrl"] in pasted
+        await run(env, "bash", "-euc", pasted)
         await lines.until(lambda cells: cells[:3] == ["mine", "Managed", "Ready"])
         described = await run(env, "kubectl", "describe", "px", "mine")
         assert "Managed" in described and "Ready" in described, described

@@ -248,12 +248,17 @@ def test_load_crd_returns_a_fresh_copy() -> None:
         ("Healthy", '.status.conditions[?(@.type=="Healthy")].status', "string"),
         ("Latency", ".status.latencyMs", "integer"),
         ("Age", ".metadata.creationTimestamp", "date"),
+        ("Provider-ID", ".status.providerID", "string"),
+        ("IP", ".status.ip", "string"),
     ],
 )
 def test_printer_columns(name: str, json_path: str, type_: str) -> None:
     (version,) = load_crd()["spec"]["versions"]
     columns = {c["name"]: c for c in version["additionalPrinterColumns"]}
-    assert list(columns) == ["Mode", "Phase", "Host", "Port", "Healthy", "Latency", "Age"]
+    assert list(columns) == ["Mode", "Phase", "Host", "Port", "Healthy", "Latency", "Age",
+                             "Provider-ID", "IP"]
+    # The last two only with -o wide.
+    assert [c.get("priority", 0) for c in columns.values()] == [0] * 7 + [1, 1]
     assert columns[name]["jsonPath"] == json_path
     assert columns[name]["type"] == type_
 

@@ -65,6 +65,14 @@ def test_samples_are_valid_proxies_and_the_guide_has_real_urls() -> None:
                  "/v1/leases/LEASE_ID/report", "-X DELETE http://127.0.0.1:8090/v1/leases/"):
         assert call in text
     assert set(info.ready_file()) >= {"discoveryUrl", "metricsUrl", "token", "kubeconfig"}
+    # The ready-to-paste Proxy: a here-document of a Proxy the CRD accepts, probing
+    # the sandbox's own target (the default probe URL needs internet).
+    _, _, heredoc = text.partition("kubectl apply -f - <<'EOF'\n")
+    body, end, _ = heredoc.partition("\nEOF\n")
+    assert end
+    own = yaml.safe_load(body)
+    assert own["spec"]["healthCheck"]["probeURL"] == info.probe_url
+    assert server.create(own)["spec"]["provider"] == "local"
 
 
 def test_negative_proxies_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:

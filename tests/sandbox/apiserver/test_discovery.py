@@ -72,9 +72,11 @@ async def test_table_rendering_with_printer_columns(nursery: trio.Nursery) -> No
             result = (await client.get(ALL_PROXIES, headers=TABLE)).json()
             assert result["kind"] == "Table"
             assert [c["name"] for c in result["columnDefinitions"]] == [
-                "Name", "Mode", "Phase", "Host", "Port", "Healthy", "Latency", "Age"]
+                "Name", "Mode", "Phase", "Host", "Port", "Healthy", "Latency", "Age",
+                "Provider-ID", "IP"]  # the last two are priority 1: kubectl -o wide only
             row = result["rows"][0]
-            assert row["cells"] == ["a", "External", "Ready", "192.0.2.1", 3128, "False", 9, "5m"]
+            assert row["cells"] == ["a", "External", "Ready", "192.0.2.1", 3128, "False", 9, "5m",
+                                    None, None]
             assert row["object"]["kind"] == "PartialObjectMetadata"
             assert row["object"]["metadata"]["namespace"] == "default"
             one = (await client.get(f"{PROXIES}/a", headers=TABLE,
