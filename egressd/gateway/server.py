@@ -157,7 +157,7 @@ class Gateway:
             self._idle.set()
 
     async def _handle(self, stream: trio.SocketStream) -> None:
-        peer = _peer(stream)
+        peer = _Peer(stream)
         try:
             async with stream:
                 await self._serve_one(stream, peer)
@@ -167,7 +167,7 @@ class Gateway:
         finally:
             self._track(-1)
 
-    async def _serve_one(self, stream: trio.SocketStream, peer: str) -> None:
+    async def _serve_one(self, stream: trio.SocketStream, peer: _Peer) -> None:
         try:
             over = self._connections > self._cfg.max_tunnels
             ask, rest, opts = await self._setup(stream)
@@ -210,7 +210,7 @@ class Gateway:
         return parse_ask(req), head.rest, opts
 
     async def _run(self, stream: trio.SocketStream, ask: Ask, rest: bytes,
-                   opts: ClientOptions, peer: str) -> None:
+                   opts: ClientOptions, peer: _Peer) -> None:
         started = trio.current_time()
         session: Hashable | None = (
             (opts.session, tuple(sorted(opts.selector.items()))) if opts.session else None)
@@ -221,9 +221,9 @@ class Gateway:
         metrics.GATEWAY_TUNNELS_ACTIVE.inc()
         if session is not None:
             self._sessions.opened(session, lease.key)
-        await self._report_taken(opened, ask.host)  # an answer's status known already
         try:
             async with opened.stream:
+                await self._report_taken(opened, ask.host)  # an answer's status known already
                 await stream.send_all(opened.to_client)
                 metrics.GATEWAY_SETUP_DURATION.observe(trio.current_time() - started)
                 outcome = await relay(stream, opened.stream,
@@ -263,6 +263,10 @@ class Gateway:
                     "reason": exc.reason})
                 if up is not None:
                     await self._report(lease.id, Result.PROXY_ERROR, ask.host, None)
+            except BaseException:
+                # Cancelled (shutdown) or a bug: the lease must not wait for its TTL.
+                await self._release(lease.id)
+                raise
             tried.add(lease.key)
             await self._release(lease.id)
             if attempt < self._cfg.retries:
@@ -308,9 +312,18 @@ class Gateway:
             await self._store.release(lease_id)
 
 
-def _peer(stream: trio.SocketStream) -> str:
-    try:
-        host, port = stream.socket.getpeername()[:2]
-    except OSError:
-        return "?"
-    return f"{host}:{port}"
+class _Peer:
+    """The client's address, read only when a log line needs it (a syscall per tunnel)."""
+
+    def __init__(self, stream: trio.SocketStream) -> None:
+        self._stream = stream
+        self._text: str | None = None
+
+    def __str__(self) -> str:
+        if self._text is None:
+            try:
+                host, port = self._stream.socket.getpeername()[:2]
+                self._text = f"{host}:{port}"
+            except OSError:
+                self._text = "?"
+        return self._text

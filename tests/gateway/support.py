@@ -73,17 +73,22 @@ async def running_gateway(proxies: Iterable[Proxy], *, session_clock: Callable[[
     fleet = SourceFleet(source, credentials=lambda proxy: creds.get(proxy.key))
     gateway = Gateway(fleet=fleet, store=store, token=TOKEN,
                       config=GatewayConfig(**settings), sessions=sessions)
+    scope = trio.CancelScope()  # cancelling it stops the gateway (a shutdown), only that
+
+    async def serve(listener: trio.SocketListener) -> None:
+        with scope:
+            await gateway.serve(listener)
+
     async with trio.open_nursery() as nursery:
-        with trio.CancelScope() as scope:
-            listener = listen("127.0.0.1:0")
-            port = listener.socket.getsockname()[1]
-            nursery.start_soon(gateway.serve, listener)
-            try:
-                yield Running(gateway=gateway, store=store, source=source, port=port,
-                              counted=counted, scope=scope)
-            finally:
-                while _CLIENTS:
-                    await trio.aclose_forcefully(_CLIENTS.pop())
+        listener = listen("127.0.0.1:0")
+        port = listener.socket.getsockname()[1]
+        nursery.start_soon(serve, listener)
+        try:
+            yield Running(gateway=gateway, store=store, source=source, port=port,
+                          counted=counted, scope=scope)
+        finally:
+            while _CLIENTS:
+                await trio.aclose_forcefully(_CLIENTS.pop())
         nursery.cancel_scope.cancel()
 
 

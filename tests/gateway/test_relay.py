@@ -3,12 +3,16 @@ plain-http reports and shutdown, through a real Squid."""
 
 from __future__ import annotations
 
+import logging
 import ssl
 
+import pytest
 import trio
 
+from egressd import metrics
 from egressd.leases import Result
 from tests.gateway.support import (
+    TOKEN,
     auth,
     connect,
     running_gateway,
@@ -17,7 +21,13 @@ from tests.gateway.support import (
     tls_get,
     upstream_proxy,
 )
-from tests.health.peers import ProxyProcess, serve_target, serve_tcp
+from tests.health.peers import (
+    ProxyProcess,
+    closed_port,
+    read_head,
+    serve_target,
+    serve_tcp,
+)
 
 
 async def test_a_session_keeps_its_proxy_while_leasable_and_forgets_it_when_idle(
@@ -297,3 +307,79 @@ async def test_a_plain_http_body_is_streamed_up_and_the_answer_judged(
                 cooldown = gw.store.cooldowns("crawl/up")["127.0.0.1"]
                 assert cooldown.reason is Result.RATE_LIMITED
             nursery.cancel_scope.cancel()
+
+
+async def test_shutdown_while_a_tunnel_opens_releases_its_lease() -> None:
+    asked = trio.Event()
+
+    async def silent_proxy(stream: trio.SocketStream) -> None:
+        await read_head(stream)  # the CONNECT: the gateway holds its lease now
+        asked.set()
+        await trio.sleep_forever()  # and never answers
+
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            silent = await nursery.start(serve_tcp, silent_proxy)
+            async with running_gateway([upstream_proxy("up", "127.0.0.1", silent)],
+                                       grace=0.2, connect_timeout=30.0) as gw:
+                stream = await trio.open_tcp_stream("127.0.0.1", gw.port)
+                async with stream:
+                    await stream.send_all(f"CONNECT 127.0.0.1:9 HTTP/1.1\r\nHost: x\r\n"
+                                          f"Proxy-Authorization: {auth()}\r\n\r\n".encode())
+                    await asked.wait()
+                    assert await gw.active() == 1
+                    gw.scope.cancel()
+                    assert await stream.receive_some(100) == b""
+                    await gw.gateway.wait_idle()
+                    assert await gw.active() == 0
+            nursery.cancel_scope.cancel()
+
+
+async def _speaks_first(stream: trio.SocketStream) -> None:
+    await stream.send_all(b"hello\n")
+    while await stream.receive_some(100):
+        pass
+
+
+async def test_every_failure_is_one_log_line_without_a_traceback(
+        squid: ProxyProcess, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG, logger="egressd.gateway")
+    with trio.fail_after(15):
+        async with trio.open_nursery() as nursery:
+            port = await nursery.start(serve_tcp, _speaks_first)
+            proxies = [upstream_proxy("dead", "127.0.0.1", closed_port(), latency=1),
+                       upstream_proxy("up", squid.host, squid.port, latency=2)]
+            async with running_gateway(proxies, head_limit=2048,
+                                       handshake_timeout=0.3) as gw:
+                before = metrics.REGISTRY.get_sample_value(
+                    "egressd_gateway_tunnels_refused_total", {"reason": "bad_request"}) or 0
+                for raw in (b"\x00\x01\x02garbage\r\n\r\n",
+                            b"CONNECT x:1 HTTP/1.1\r\nX: " + b"a" * 4000 + b"\r\n\r\n",
+                            b"CONNECT x:1 HTTP/1.1\r\n",  # never ends: the handshake timeout
+                            f"GET / HTTP/1.1\r\nHost: x\r\nProxy-Authorization: {auth()}"
+                            "\r\n\r\n".encode(),
+                            f"CONNECT a:1 HTTP/1.1\r\nHost: x\r\nProxy-Authorization: "
+                            f"{auth('a,b')}\r\n\r\n".encode()):
+                    answer = await send_raw(gw.port, raw)
+                    assert answer.status in (400, 407, 408, 431), answer
+                tunnel = await connect(gw.port, f"127.0.0.1:{port}", authorization=auth())
+                assert tunnel.status == 200  # after one dead proxy
+                greeting = tunnel.rest  # a server that speaks first (SMTP, SSH) is relayed
+                while len(greeting) < 6:
+                    greeting += await tunnel.stream.receive_some(100)
+                assert greeting == b"hello\n"
+                await tunnel.stream.aclose()
+                await gw.gateway.wait_idle()
+                after = metrics.REGISTRY.get_sample_value(
+                    "egressd_gateway_tunnels_refused_total", {"reason": "bad_request"}) or 0
+                assert after == before + 2
+            nursery.cancel_scope.cancel()
+    records = [r for r in caplog.records if r.name.startswith("egressd.gateway")]
+    assert records
+    assert all(r.exc_info is None and "\n" not in r.getMessage() for r in records)
+    assert all(TOKEN not in str(r.__dict__) for r in records)
+    refused = [r for r in records if r.getMessage() == "gateway refused"]
+    assert sorted(r.reason for r in refused) == [  # type: ignore[attr-defined]
+        "bad_request", "bad_request", "handshake_timeout", "header_too_large",
+        "invalid_username"]
+    assert [r.getMessage() for r in records].count("gateway upstream failed") == 1
