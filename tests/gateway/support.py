@@ -26,7 +26,7 @@ from egressd.leases.store import MemoryLeaseStore
 from egressd.model.proxy import Proxy
 from tests.http.support import MemorySource, make_proxy
 
-TOKEN = "gw-s3cret-token"
+TOKEN = "gw-s3cret-token-0123456789"
 
 # Client streams opened by `send_raw`, closed when the gateway they talk to stops.
 _CLIENTS: list[trio.SocketStream] = []
