@@ -63,16 +63,18 @@ def seed(status: ProxyStatus) -> Verdict | None:
 def sync_health(engine: HealthEngine, key: str, d: Draft | None) -> None:
     """Make the engine probe exactly `desired_target(d)` (nothing when the Proxy is
     gone: `d` None), and put its verdict in the draft."""
+    if d is None:
+        engine.remove(key)
+        return
     try:
-        target = desired_target(d) if d is not None else None
+        target = desired_target(d)
     except InvalidHealthCheck as exc:
-        assert d is not None
         engine.remove(key)
         d.status = attrs.evolve(d.status, latency_ms=None)
         d.condition(COND_HEALTHY, STATUS_FALSE, REASON_INVALID_HEALTH_CHECK,
                     f"spec.healthCheck: {exc}")
         return
-    if target is None or d is None:
+    if target is None:
         engine.remove(key)
         return
     engine.upsert(target, seed=seed(d.status))
