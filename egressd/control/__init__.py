@@ -1,1 +1,2 @@
-"""The control loop: work queue, reconciler, status and phase, spec hash, orphan GC."""
+"""The control loop: what feeds the work queue, the queue and its workers, the reconcile
+pass (Managed steps, health sync, status), status and phase, spec hash, orphan GC."""
