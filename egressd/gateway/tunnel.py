@@ -144,7 +144,7 @@ async def _open_forward(up: Upstream, ask: Ask, rest: bytes, grant: Grant,
     return opened
 
 
-def _judge(opened: Opened, resp: h11.Response, cfg: TunnelSettings) -> None:
+def _judge(opened: Opened, resp: wire.ResponseHead, cfg: TunnelSettings) -> None:
     """What the answer's status says about the proxy for this target."""
     status = resp.status_code
     if status == 429:

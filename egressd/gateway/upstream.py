@@ -21,7 +21,14 @@ import attrs
 import h11
 import trio
 
-from egressd.gateway.wire import BadHead, HeadTooLarge, PeerClosed, connect_request, read_head
+from egressd.gateway.wire import (
+    BadHead,
+    HeadTooLarge,
+    PeerClosed,
+    ResponseHead,
+    connect_request,
+    read_head,
+)
 
 HEAD_LIMIT = 65536
 """Largest head accepted from an upstream proxy."""
@@ -101,7 +108,7 @@ async def open_tunnel(up: Upstream, authority: str) -> tuple[trio.SocketStream, 
         if mapped is exc:
             raise  # Cancelled (a timeout at the call site) and the unexpected, as they are
         raise mapped from None
-    assert isinstance(head.event, h11.Response)
+    assert isinstance(head.event, ResponseHead)
     status = head.event.status_code
     if not 200 <= status < 300:
         await trio.aclose_forcefully(stream)
@@ -109,7 +116,7 @@ async def open_tunnel(up: Upstream, authority: str) -> tuple[trio.SocketStream, 
     return stream, head.rest
 
 
-async def read_answer(stream: trio.SocketStream) -> tuple[h11.Response, bytes]:
+async def read_answer(stream: trio.SocketStream) -> tuple[ResponseHead, bytes]:
     """The head of the proxy's answer to a forwarded plain-http request, and what follows."""
     try:
         head = await read_head(stream, role=h11.CLIENT, limit=HEAD_LIMIT)
@@ -118,7 +125,7 @@ async def read_answer(stream: trio.SocketStream) -> tuple[h11.Response, bytes]:
         if mapped is exc:
             raise
         raise mapped from None
-    assert isinstance(head.event, h11.Response)
+    assert isinstance(head.event, ResponseHead)
     return head.event, head.rest
 
 
