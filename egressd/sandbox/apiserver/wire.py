@@ -141,39 +141,47 @@ async def _send(stream: trio.abc.Stream, data: bytes) -> None:
         raise _ClientGone from exc
 
 
-async def _stream_body(stream: trio.abc.Stream, conn: h11.Connection, body: Stream) -> bool:
-    """Run a streaming body; returns False when the connection must be dropped."""
-    await _send(stream, conn.send(_head(body.status, body.headers, body.content_type, None)))
+async def _stream_body(stream: trio.abc.Stream, conn: h11.Connection, body: Stream) -> None:
+    """Run a streaming body, then end the response; the connection closes after it.
+
+    The head says `Connection: close`: the peer reader below may consume pipelined
+    bytes, so the connection is never reused, and a client told so opens a new one
+    instead of sending its next request into a closed socket.
+    """
+    headers = (*body.headers, ("Connection", "close"))
+    await _send(stream, conn.send(_head(body.status, headers, body.content_type, None)))
 
     async def send(data: bytes) -> None:
         await _send(stream, conn.send(h11.Data(data=data)))
 
     gone = False
-    async with trio.open_nursery() as nursery:
-        async def watch_peer() -> None:
-            # A client that hangs up mid-watch sends EOF; without this reader a
-            # quiet watch would never notice and its watcher would live on.
-            nonlocal gone
-            try:
-                data = await stream.receive_some(65536)
-            except (trio.BrokenResourceError, trio.ClosedResourceError, ssl.SSLError):
-                data = b""
-            if not data:
-                gone = True
-                nursery.cancel_scope.cancel()
+    try:
+        async with trio.open_nursery() as nursery:
+            async def watch_peer() -> None:
+                # A client that hangs up mid-watch sends EOF; without this reader a
+                # quiet watch would never notice and its watcher would live on.
+                nonlocal gone
+                try:
+                    data = await stream.receive_some(65536)
+                except (trio.BrokenResourceError, trio.ClosedResourceError, ssl.SSLError):
+                    data = b""
+                if not data:
+                    gone = True
+                    nursery.cancel_scope.cancel()
 
-        nursery.start_soon(watch_peer)
-        try:
-            await body.run(send)
-        except AbortStream:
-            return False
-        finally:
-            nursery.cancel_scope.cancel()
-    if gone:
-        return False
-    await _send(stream, conn.send(h11.EndOfMessage()))
-    # The peer reader may have consumed pipelined bytes: never reuse this connection.
-    return False
+            nursery.start_soon(watch_peer)
+            try:
+                await body.run(send)
+            except AbortStream:
+                return
+            finally:
+                nursery.cancel_scope.cancel()
+    except* _ClientGone:
+        # A send failed inside the nursery: the client left mid-stream (the group
+        # wraps it; a bare `except _ClientGone` would let it kill the server).
+        gone = True
+    if not gone:
+        await _send(stream, conn.send(h11.EndOfMessage()))
 
 
 async def serve_connection(tcp: trio.SocketStream, ssl_context: ssl.SSLContext,
@@ -202,8 +210,8 @@ async def serve_connection(tcp: trio.SocketStream, ssl_context: ssl.SSLContext,
                 return
             reply = await handler(request)
             if isinstance(reply, Stream):
-                if not await _stream_body(stream, conn, reply):
-                    return
+                await _stream_body(stream, conn, reply)
+                return
             else:
                 await _send(stream, conn.send(_head(reply.status, reply.headers,
                                                     reply.content_type, len(reply.body))))
