@@ -32,6 +32,7 @@ from egressd.gateway.upstream import (
     read_answer,
 )
 from egressd.leases import Grant, Result
+from egressd.metrics import GATEWAY_BYTES
 
 
 @attrs.frozen(kw_only=True)
@@ -87,6 +88,9 @@ async def _open(up: Upstream, ask: Ask, rest: bytes, grant: Grant,
         if rest:
             # A client that sent its first bytes (a TLS ClientHello) without waiting.
             await _send(stream, rest)
+        # Tunnelled bytes that did not go through the relay count as relayed too.
+        GATEWAY_BYTES.labels("upstream").inc(len(rest))
+        GATEWAY_BYTES.labels("downstream").inc(len(early))
         to_client = wire.answer(200, headers=lease_headers(grant)) + early
         return Opened(grant=grant, stream=stream, to_client=to_client)
     return await _open_forward(up, ask, rest, grant, cfg)

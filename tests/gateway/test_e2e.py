@@ -8,6 +8,7 @@ on a real tinyproxy and a trustme TLS target; the clients are real programs.
 from __future__ import annotations
 
 import functools
+import socket
 import ssl
 from pathlib import Path
 
@@ -16,7 +17,7 @@ import requests
 import trio
 import trustme
 
-from egressd.app import DaemonAddresses, load_inputs, run_daemon
+from egressd.app import DaemonAddresses, load_inputs, run_daemon, run_until_signalled
 from egressd.errors import ConfigError
 from egressd.kube.client import KubeClient
 from egressd.kube.informer import Informer
@@ -107,3 +108,22 @@ async def test_curl_and_requests_through_the_daemons_gateway(
             assert await trio.to_thread.run_sync(with_requests) == (204, 200)
             assert plain_target.requests, "the plain request went through the gateway"
             nursery.cancel_scope.cancel()
+
+
+async def test_a_taken_gateway_port_stops_the_start_with_one_line(
+        apiserver: FakeApiServer, tmp_path: Path) -> None:
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN)
+    kubeconfig = apiserver.write_kubeconfig(tmp_path / "kubeconfig")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        args = daemon_settings(kubeconfig, "", token_file)
+        args[args.index("--gateway-addr") + 1] = f"127.0.0.1:{port}"
+        args = [a for a in args if a not in ("--probe-ca-file", "")]
+        inputs = load_inputs(parse_settings(args, environ={}), {})
+        with trio.fail_after(20), pytest.raises(ConfigError) as caught:
+            await run_until_signalled(inputs, environ={})
+    assert str(caught.value) == (f"--gateway-addr 127.0.0.1:{port}: cannot listen: "
+                                 "Address already in use")

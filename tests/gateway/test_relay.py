@@ -102,6 +102,11 @@ async def test_a_target_cooldown_steers_tunnels_to_other_proxies_for_that_target
             nursery.cancel_scope.cancel()
 
 
+def _bytes(direction: str) -> float:
+    return metrics.REGISTRY.get_sample_value(
+        "egressd_gateway_bytes_total", {"direction": direction}) or 0.0
+
+
 async def _echo_after_eof(stream: trio.SocketStream) -> None:
     received = 0
     while data := await stream.receive_some(65536):
@@ -117,6 +122,7 @@ async def test_half_close_is_passed_on_and_the_upstream_gets_its_credentials() -
             proxy = upstream_proxy("up", "127.0.0.1", up.port)
             creds = {"crawl/up": ("vendor", "pa:ss w0rd")}
             async with running_gateway([proxy], credentials=creds) as gw:
+                up_before, down_before = _bytes("upstream"), _bytes("downstream")
                 answer = await connect(gw.port, f"127.0.0.1:{port}", authorization=auth(),
                                        extra=b"x" * 1000)  # bytes sent before the 200
                 assert answer.status == 200
@@ -126,6 +132,10 @@ async def test_half_close_is_passed_on_and_the_upstream_gets_its_credentials() -
                 while data := await answer.stream.receive_some(65536):
                     reply += data
                 assert reply == b"got 301000"
+                await gw.gateway.wait_idle()
+                # The 1000 bytes sent with the CONNECT count too.
+                assert _bytes("upstream") - up_before == 301_000
+                assert _bytes("downstream") - down_before == len(reply)
                 # The upstream got its own credentials, never the client's token.
                 assert up.seen == [auth("vendor", "pa:ss w0rd")]
             # Without them the upstream's 407 is a proxy_error, and a 502 here.
