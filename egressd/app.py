@@ -336,7 +336,8 @@ async def _run_parts(
         # The ops server first, so /healthz answers (and /readyz says 503) while a
         # slow first list is in flight: that must not fail the liveness probe.
         metrics_url: str = (await nursery.start(functools.partial(
-            serve_app, ops, settings.metrics_addr, grace=settings.shutdown_grace)))[0]
+            serve_app, ops, settings.metrics_addr, grace=settings.shutdown_grace,
+            backlog=settings.listen_backlog)))[0]
         await nursery.start(LoopWatchdog().run)  # egressd_loop_lag_*: stalls become a number
         await nursery.start(queue.run)
         await nursery.start(store.run)  # the lease sweeper
@@ -346,7 +347,8 @@ async def _run_parts(
         # Only now the discovery API: an unsynced cache would answer an empty list
         # (200) or no_proxy_available (409), both untrue.
         discovery_url: str = (await nursery.start(functools.partial(
-            serve_app, discovery, settings.discovery_addr, grace=settings.shutdown_grace)))[0]
+            serve_app, discovery, settings.discovery_addr, grace=settings.shutdown_grace,
+            backlog=settings.listen_backlog)))[0]
         gateway_url = await _start_gateway(nursery, inputs, source=source, store=store)
         for informer in instances:  # only the reconciler reads them: after the servers
             await nursery.start(informer.run, client)
@@ -389,7 +391,8 @@ async def _start_gateway(nursery: trio.Nursery, inputs: Inputs, *,
     gateway = Gateway(fleet=SourceFleet(source), store=store, token=inputs.discovery_token,
                       config=GatewayConfig.from_settings(settings),
                       sessions=Sessions(idle=settings.gateway_session_idle))
-    url: str = await nursery.start(gateway.serve, listen(settings.gateway_addr))
+    url: str = await nursery.start(
+        gateway.serve, listen(settings.gateway_addr, backlog=settings.listen_backlog))
     return url
 
 

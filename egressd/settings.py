@@ -125,6 +125,9 @@ class Settings:
         _positive_duration)
     shutdown_grace: float = setting(
         10.0, "How long in-flight HTTP requests may finish at shutdown.", parse_duration)
+    listen_backlog: int = setting(
+        1024, "Connections queued for accept on each HTTP and gateway socket "
+        "(capped by net.core.somaxconn).", _positive_int)
 
     # Gateway (docs/gateway.md)
     gateway_addr: str | None = setting(

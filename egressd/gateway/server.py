@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import socket
 from collections.abc import Hashable
 
 import attrs
@@ -35,6 +34,7 @@ from egressd.gateway.sessions import Sessions
 from egressd.gateway.tunnel import Opened, TunnelSettings, open_upstream
 from egressd.gateway.upstream import UpstreamFailed
 from egressd.gateway.wire import BadHead, HeadTooLarge, PeerClosed, header, read_head
+from egressd.http.serve import DEFAULT_BACKLOG, listen_socket
 from egressd.leases import Grant, LeaseStore, Result, UnknownLeaseError
 from egressd.settings import Settings
 
@@ -43,7 +43,7 @@ log = logging.getLogger(__name__)
 RELEASE_TIMEOUT = 2.0
 """Longest a lease release at a tunnel's end may take (shielded from cancellation)."""
 
-BACKLOG = 1024
+BACKLOG = DEFAULT_BACKLOG
 """Listen backlog of the gateway socket: bursts of tunnel setups queue, not refused."""
 
 
@@ -72,17 +72,7 @@ class GatewayConfig:
 
 def listen(addr: str, *, backlog: int = BACKLOG) -> trio.SocketListener:
     """A listener on `addr` (`HOST:PORT` or `:PORT`); ConfigError naming it if taken."""
-    host, _, port = addr.rpartition(":")
-    host = host.strip("[]") or "0.0.0.0"  # noqa: S104 - ":3129" means every interface
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host, int(port)))
-        sock.listen(backlog)
-    except (OSError, ValueError) as exc:
-        sock.close()
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        raise ConfigError(f"--gateway-addr {addr}: cannot listen: {reason}") from None
+    sock = listen_socket(addr, backlog=backlog, flag="--gateway-addr")
     return trio.SocketListener(trio.socket.from_stdlib_socket(sock))
 
 

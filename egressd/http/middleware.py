@@ -137,7 +137,37 @@ def request_log(app: ASGIApp) -> ASGIApp:
     return middleware
 
 
-def body_cap(app: ASGIApp, *, limit: int = MAX_BODY, timeout: float = BODY_TIMEOUT) -> ASGIApp:  # noqa: C901 -- its owner splits it (issue 10)
+class _TooLarge(Exception):
+    """The body passed the cap."""
+
+
+class _ClientLeft(Exception):
+    """The client left before its body was complete: nothing to answer."""
+
+
+async def _read_body(receive: Receive, *, limit: int) -> bytes:
+    """The whole body (at most `limit` bytes kept); _TooLarge past it."""
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            raise _ClientLeft
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise _TooLarge
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+def _announced_too_large(scope: Scope, limit: int) -> bool:
+    return any(name == b"content-length" and value.isdigit() and int(value) > limit
+               for name, value in scope.get("headers", ()))
+
+
+def body_cap(app: ASGIApp, *, limit: int = MAX_BODY, timeout: float = BODY_TIMEOUT) -> ASGIApp:
     """Read the whole body up front; answer 413 above `limit` before the app runs.
 
     Reading first (at most `limit` bytes kept) means the app never sees a
@@ -150,33 +180,21 @@ def body_cap(app: ASGIApp, *, limit: int = MAX_BODY, timeout: float = BODY_TIMEO
         if scope["type"] != "http":
             await app(scope, receive, send)
             return
-        too_large = False
-        for name, value in scope.get("headers", ()):
-            if name == b"content-length" and value.isdigit() and int(value) > limit:
-                too_large = True
-        chunks: list[bytes] = []
-        size = 0
-        with trio.move_on_after(timeout) as reading:
-            while not too_large:
-                message = await receive()
-                if message["type"] != "http.request":
-                    # The client left before sending its body: nothing to answer.
-                    return
-                chunk = message.get("body", b"")
-                size += len(chunk)
-                if size > limit:
-                    too_large = True
-                    break
-                chunks.append(chunk)
-                if not message.get("more_body", False):
-                    break
-        if reading.cancelled_caught:
-            await send_error(send, 408, "body_timeout",
-                             f"request body not received within {timeout:g} s")
+        body = b""
+        try:
+            if _announced_too_large(scope, limit):
+                raise _TooLarge
+            with trio.fail_after(timeout):
+                body = await _read_body(receive, limit=limit)
+        except _ClientLeft:
             return
-        if too_large:
+        except _TooLarge:
             await send_error(send, 413, "body_too_large",
                              f"request body larger than {limit} bytes")
+            return
+        except trio.TooSlowError:
+            await send_error(send, 408, "body_timeout",
+                             f"request body not received within {timeout:g} s")
             return
         replayed = False
 
@@ -184,7 +202,7 @@ def body_cap(app: ASGIApp, *, limit: int = MAX_BODY, timeout: float = BODY_TIMEO
             nonlocal replayed
             if not replayed:
                 replayed = True
-                return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+                return {"type": "http.request", "body": body, "more_body": False}
             return await receive()
 
         await app(scope, replay, send)

@@ -189,3 +189,91 @@ async def test_a_taken_port_is_one_clear_config_error() -> None:
                         lambda task_status: serve_app(
                             new_app("test.taken"), f"127.0.0.1:{port}", grace=0.1,
                             task_status=task_status))
+
+
+# --- the listen backlog (issue 19 item 3) ------------------------------------------------
+
+BURST = 1000
+
+
+def _enough_descriptors(needed: int) -> None:
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < needed:
+        assert hard == resource.RLIM_INFINITY or hard >= needed, (
+            f"the test needs {needed} file descriptors; the hard limit is {hard}")
+        resource.setrlimit(resource.RLIMIT_NOFILE, (needed, hard))
+
+
+async def test_a_burst_of_1000_connections_is_queued_and_every_one_answered() -> None:
+    import socket
+
+    _enough_descriptors(2 * BURST + 200)
+    app = new_app("test.burst")
+
+    @app.get("/ping")
+    async def ping():  # type: ignore[no-untyped-def]
+        return json_response({"pong": True})
+
+    answers: list[bytes] = []
+    with trio.fail_after(120):
+        async with trio.open_nursery() as nursery:
+            url = (await nursery.start(
+                lambda task_status: serve_app(app, "127.0.0.1:0", grace=1.0,
+                                              task_status=task_status)))[0]
+            port = int(url.rsplit(":", 1)[1])
+            # Every connect completes while the server cannot accept (this loop never
+            # yields to trio): each one waits in the kernel's accept queue, so the queue
+            # must hold all of them. With Hypercorn's 100 the 101st connect's SYN is
+            # dropped and it stalls past this generous bound (retransmits at 1 s, 3 s...).
+            clients = []
+            try:
+                for _ in range(BURST):
+                    sock = socket.socket()
+                    clients.append(sock)
+                    sock.settimeout(5.0)
+                    sock.connect(("127.0.0.1", port))
+                    sock.setblocking(False)
+                streams = [trio.SocketStream(trio.socket.from_stdlib_socket(s)) for s in clients]
+            except BaseException:
+                for sock in clients:
+                    sock.close()
+                raise
+
+            async def ask(stream: trio.SocketStream) -> None:
+                async with stream:
+                    await stream.send_all(b"GET /ping HTTP/1.1\r\nhost: x\r\n"
+                                          b"connection: close\r\n\r\n")
+                    data = b""
+                    while chunk := await stream.receive_some():
+                        data += chunk
+                    answers.append(data)
+
+            async with trio.open_nursery() as asking:
+                for stream in streams:
+                    asking.start_soon(ask, stream)
+            nursery.cancel_scope.cancel()
+    assert len(answers) == BURST
+    assert all(a.startswith(b"HTTP/1.1 200 ") and a.endswith(b'{"pong":true}') for a in answers)
+
+
+def test_the_backlog_is_capped_by_somaxconn(tmp_path: pytest.TempPathFactory) -> None:
+    import pathlib
+
+    from egressd.http.serve import effective_backlog, listen_socket
+
+    cap = pathlib.Path(str(tmp_path)) / "somaxconn"
+    cap.write_text("128\n")
+    assert effective_backlog(4096, somaxconn_path=str(cap)) == 128
+    assert effective_backlog(64, somaxconn_path=str(cap)) == 64
+    assert effective_backlog(4096, somaxconn_path=str(cap.with_name("missing"))) == 4096
+    # What the socket really listens with: `ss` shows a listener's backlog as Send-Q.
+    import subprocess
+
+    sock = listen_socket("127.0.0.1:0", backlog=4096, somaxconn_path=str(cap))
+    with sock:
+        port = sock.getsockname()[1]
+        out = subprocess.run(["ss", "-Hltn", f"sport = :{port}"], capture_output=True,
+                             text=True, check=True, timeout=10).stdout.split()
+        assert out[0] == "LISTEN" and out[2] == "128", out
