@@ -18,6 +18,7 @@ lease is released when the spider closes. Settings, all `EGRESSD_*`:
     EGRESSD_BAN_MARKERS          body texts BanPolicy calls a ban ([])
     EGRESSD_MAX_BAN_RETRIES      retries of one request on other proxies (5)
     EGRESSD_MAX_WAIT             seconds a request waits for a free proxy (60)
+    EGRESSD_NO_PROXY_PAUSE       seconds between tries when the 409 has no Retry-After (5)
     EGRESSD_ON_UNAVAILABLE       "stop" the spider (default) or go "direct" (no proxy)
                                  when egressd is unreachable or refuses the token
     EGRESSD_TIMEOUT              timeout of each call to egressd, seconds (10)
@@ -59,8 +60,6 @@ MIDDLEWARE_ORDER = 740
 after RetryMiddleware (550) on the way back, so bans are ours and not retried as-is."""
 RENEW_MARGIN = 15.0
 """A lease with less than this many seconds left is replaced before the next request."""
-NO_PROXY_PAUSE = 5.0
-"""Seconds between acquires while no proxy is free and the 409 has no Retry-After."""
 META = "_egressd"
 RELEASE_CONCURRENCY = 16
 """Releases in flight at once when the spider closes."""
@@ -143,6 +142,7 @@ class EgressdMiddleware:
         self.ttl = settings.getfloat("EGRESSD_TTL", 300.0)
         self.max_retries = settings.getint("EGRESSD_MAX_BAN_RETRIES", 5)
         self.max_wait = settings.getfloat("EGRESSD_MAX_WAIT", 60.0)
+        self.no_proxy_pause = settings.getfloat("EGRESSD_NO_PROXY_PAUSE", 5.0)
         self.on_unavailable = str(settings.get("EGRESSD_ON_UNAVAILABLE", "stop")).lower()
         if self.on_unavailable not in ("stop", "direct"):
             raise ValueError(f"EGRESSD_ON_UNAVAILABLE must be 'stop' or 'direct', "
@@ -261,7 +261,7 @@ class EgressdMiddleware:
                 lease = await self.client.acquire(selector=self.selector, target=name,
                                                   ttl=self.ttl)
             except NoProxyAvailable as exc:
-                pause = exc.retry_after if exc.retry_after is not None else NO_PROXY_PAUSE
+                pause = exc.retry_after if exc.retry_after is not None else self.no_proxy_pause
                 if loop.time() + pause > deadline:
                     self._inc("no_proxy")
                     raise NoProxyForRequest(f"egressd: no proxy for {name}: {exc}") from None

@@ -7,6 +7,7 @@ hand a 429/403 to the callback, and release every lease at the end.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import subprocess
@@ -14,13 +15,16 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 from client_site import CRAWL_HOST, PAGES
 from client_world import World
+from egressd_client import Client, NoProxyAvailable
 
 from tests.health.peers import closed_port
 
 SPIDER = Path(__file__).with_name("crawl_spider.py")
 ADDON = {"egressd_client.scrapy.Addon": 500}
+POOL = {"pool": "test"}
 
 
 def crawl(tmp_path: Path, start: list[str], settings: dict[str, Any],
@@ -149,4 +153,26 @@ def test_an_idle_domain_gives_its_lease_back(world: World, tmp_path: Path) -> No
     # Given back while the next request waited out DOWNLOAD_DELAY, then leased again.
     assert stats["egressd/leases/acquired"] >= 2
     assert stats["egressd/leases/acquired"] - 1 <= stats["egressd/leases/idle_released"]
+    assert world.active_leases() == 0
+
+
+def test_a_request_waits_for_a_proxy_to_come_out_of_cooldown(world: World, tmp_path: Path
+                                                             ) -> None:
+    # Every proxy rate-limited for the crawl host for (at least) 2 s, by another client.
+    with Client(world.discovery_url, token=world.token) as egressd:
+        leases = []
+        with contextlib.suppress(NoProxyAvailable):
+            while True:
+                leases.append(egressd.acquire(selector=POOL, target=CRAWL_HOST))
+        for lease in leases:
+            egressd.report(lease, "rate_limited", retry_after=2)
+            egressd.release(lease)
+        with pytest.raises(NoProxyAvailable):
+            egressd.acquire(selector=POOL, target=CRAWL_HOST)
+    result, log = crawl(tmp_path, [f"{world.crawl_url}/ok/waited"], {
+        **egressd_settings(world), "EGRESSD_MAX_WAIT": 20, "EGRESSD_NO_PROXY_PAUSE": 0.5})
+    assert result["reason"] == "finished", log[-3000:]
+    assert [d["url"] for d in result["delivered"]] == [f"{world.crawl_url}/ok/waited"]
+    assert result["stats"]["egressd/no_proxy_waits"] >= 1
+    assert "no proxy free for 127.0.0.77, retrying in" in log
     assert world.active_leases() == 0
