@@ -22,6 +22,7 @@ import trio
 
 PAGES = 12
 CRAWL_HOST = "127.0.0.77"
+SPARE_HOST = "127.0.0.78"  # a third site name, for a test that bans every proxy
 LIMITED_RETRY_AFTER = 7
 
 
@@ -36,6 +37,7 @@ class Hit:
 class Site:
     port: int = 0
     crawl_port: int = 0
+    spare_port: int = 0
     hits: list[Hit] = field(default_factory=list)
     crawl_peers: list[str] = field(default_factory=list)
     crawl_counts: dict[str, int] = field(default_factory=dict)
@@ -86,7 +88,9 @@ class Site:
         # The crawl's own address: cooldowns are per host name, and no other test uses it.
         crawl = await trio.open_tcp_listeners(0, host=CRAWL_HOST)
         self.crawl_port = crawl[0].socket.getsockname()[1]
-        listeners += crawl
+        spare = await trio.open_tcp_listeners(0, host=SPARE_HOST)
+        self.spare_port = spare[0].socket.getsockname()[1]
+        listeners += crawl + spare
         async with trio.open_nursery() as nursery:
             await nursery.start(trio.serve_listeners, self._handle, listeners)
             task_status.started(self)

@@ -18,7 +18,7 @@ from typing import Any
 
 import httpx
 import trio
-from client_site import CRAWL_HOST, Site
+from client_site import CRAWL_HOST, SPARE_HOST, Site
 
 from egressd.app import DaemonAddresses, Inputs, load_inputs, run_daemon
 from egressd.kube.client import open_client
@@ -66,6 +66,10 @@ class World:
     @property
     def crawl_url(self) -> str:
         return f"http://{CRAWL_HOST}:{self.site.crawl_port}"
+
+    @property
+    def spare_url(self) -> str:
+        return f"http://{SPARE_HOST}:{self.site.spare_port}"
 
     def proxy_by_egress(self, address: str) -> TestProxy:
         return next(p for p in self.proxies if p.egress == address)

@@ -176,3 +176,19 @@ def test_a_request_waits_for_a_proxy_to_come_out_of_cooldown(world: World, tmp_p
     assert result["stats"]["egressd/no_proxy_waits"] >= 1
     assert "no proxy free for 127.0.0.77, retrying in" in log
     assert world.active_leases() == 0
+
+
+def test_a_page_banned_everywhere_reaches_the_errback_not_the_callback(
+    world: World, tmp_path: Path,
+) -> None:
+    result, log = crawl(tmp_path, [f"{world.spare_url}/banned"],
+                        {**egressd_settings(world), "EGRESSD_MAX_BAN_RETRIES": 1})
+    assert result["reason"] == "finished", log[-3000:]
+    assert result["delivered"] == []
+    assert result["failed"] == [{"url": f"{world.spare_url}/banned",
+                                 "error": "BanRetriesExhausted"}]
+    peers = [h.peer for h in world.site.hits_for("/banned") if h.status == 403]
+    assert len(set(peers[-2:])) == 2  # tried on two different proxies
+    assert result["stats"]["egressd/bans/banned"] == 2
+    assert result["stats"]["egressd/retries_exhausted"] == 1
+    assert world.active_leases() == 0
