@@ -50,7 +50,7 @@ def test_a_lease_goes_through_its_proxy_and_is_released_on_exit(world: World) ->
             assert response.status_code == 200
             assert lease.report_response(response).result is Result.OK
             lease_name = lease.proxy.name
-            assert lease.lease.seconds_left() == pytest.approx(60, abs=5)
+            assert 0 < lease.lease.seconds_left() <= 61  # the ttl asked for
         assert world.active_leases() == 0
     [hit] = world.site.hits_for("/ok/httpx")
     assert world.proxy_by_egress(hit.peer).name == lease_name
@@ -65,14 +65,17 @@ def test_requests_uses_the_lease_and_a_429_cools_that_proxy_for_its_retry_after(
         assert requests.get(f"{world.site_url}/ok/requests", proxies=lease.proxies,
                             timeout=10).status_code == 200
         response = requests.get(f"{world.site_url}/limited", proxies=lease.proxies, timeout=10)
-        reported_at = dt.datetime.now(dt.UTC)
+        before = dt.datetime.now(dt.UTC)
         verdict = lease.report_response(response)
+        after = dt.datetime.now(dt.UTC)
     assert (verdict.result, verdict.retry_after) == (Result.RATE_LIMITED, 7.0)
     [hit] = world.site.hits_for("/ok/requests")
     assert world.proxy_by_egress(hit.peer).name == lease.proxy.name
     view = view_of(world, lease.proxy.name)
     assert view["cooldowns"]["limited.test"]["reason"] == "rate_limited"
-    assert (until(view, "limited.test") - reported_at).total_seconds() == pytest.approx(7, abs=2)
+    # 7 s from the moment egressd took the report (±1 s of rounding).
+    assert (until(view, "limited.test") - before).total_seconds() >= 6
+    assert (until(view, "limited.test") - after).total_seconds() <= 8
     assert world.active_leases() == 0
 
 
