@@ -10,7 +10,9 @@ asks for it (`faster_probes`).
 
 from __future__ import annotations
 
+import copy
 import time
+import uuid
 from collections.abc import Iterable
 from typing import Any
 
@@ -49,6 +51,24 @@ def is_leasable(obj: Obj) -> bool:
         return False
     return any(c.get("type") == "Healthy" and c.get("status") == "True"
                for c in status.get("conditions") or ())
+
+
+def without_cel(node: Any) -> Any:
+    """The CRD with its CEL rules removed (in place): the bench's API server skips them.
+
+    cel-python evaluates the Proxy CRD's rules in ~8 ms per write on this
+    machine, half of what the fake API server spends on a status write; a real
+    kube-apiserver evaluates compiled CEL in microseconds. The objects the
+    bench writes are valid either way: only the API server's cost changes.
+    """
+    if isinstance(node, dict):
+        node.pop("x-kubernetes-validations", None)
+        for value in node.values():
+            without_cel(value)
+    elif isinstance(node, list):
+        for value in node:
+            without_cel(value)
+    return node
 
 
 class Fleet:
@@ -110,6 +130,22 @@ class Fleet:
         for name in names:
             self.server.delete(PROXIES.api_version, PROXIES.kind, name, namespace=namespace)
         return len(names)
+
+    def seed(self, namespace: str, size: int, template: Obj) -> None:
+        """Write `size` copies of `template` (a Proxy the daemon made Ready) into the store.
+
+        The documented shortcut for the largest fleet: each copy already has the
+        status the daemon would write (same endpoint, generation, conditions),
+        so the daemon seeds its health engine from it and writes nothing, and
+        the API server's per-write cost does not make the run last an hour.
+        """
+        store = self.server.store
+        for i in range(size):
+            obj = copy.deepcopy(template)
+            meta = obj["metadata"]
+            meta.update(name=f"px-{i:05d}", namespace=namespace, uid=str(uuid.uuid4()))
+            meta.pop("resourceVersion", None)
+            store.write(PROXY_STORE, obj, event_type="ADDED", old=None)
 
     def count(self, namespace: str) -> int:
         return sum(1 for key in self.leasable if key.startswith(namespace + "/"))

@@ -22,7 +22,7 @@ import trio
 
 from benchlib import pairs
 from benchlib.bare import GRANT
-from benchlib.fleet import Fleet, proxy
+from benchlib.fleet import Fleet, proxy, without_cel
 from benchlib.procs import (
     Cores,
     Daemon,
@@ -40,14 +40,26 @@ from benchlib.wrk import WrkResult, run_wrk, write_script
 from egressd.kube.client import KubeClient, open_client
 from egressd.kube.config import load_config
 from egressd.kube.errors import AlreadyExists
-from egressd.kube.resources import NAMESPACES
+from egressd.kube.resources import NAMESPACES, PROXIES
 from egressd.sandbox.apiserver import FakeApiServer
+from egressd.sandbox.apiserver.crd import proxy_crd
 
 P6_SIZE = 1000
+CREATE_AT_MOST = 1000
+"""Larger fleets are seeded Ready (`Fleet.seed`) instead of created and probed: the fake
+API server's ~10 ms per write would make 10,000 proxies' first writes last minutes."""
 FAST_PROBED = 0.1
 """Share of the largest fleet probed every FAST_INTERVAL in the watchdog window."""
 FAST_INTERVAL = 5
 PAIR_ROUNDS = 3
+
+
+_START = time.perf_counter()
+
+
+def say(message: str) -> None:
+    """Progress on stderr (the table goes to stdout at the end)."""
+    print(f"[bench {time.perf_counter() - _START:5.0f} s] {message}", file=sys.stderr, flush=True)
 
 
 @attrs.define
@@ -90,6 +102,7 @@ async def wrk(env: Env, url: str, connections: int, seconds: float | None = None
 
 async def loadgen_ceiling(env: Env) -> dict[str, Any]:
     """wrk and the Lua script against nginx answering a constant grant: wrk's own ceiling."""
+    say("wrk's own ceiling against nginx")
     with run_nginx(ca=None, body=GRANT, status=201) as ceiling:
         if env.cores.pinned:
             pin_tree(ceiling.pid, env.cores.server)
@@ -99,6 +112,7 @@ async def loadgen_ceiling(env: Env) -> dict[str, Any]:
 
 
 async def probes(env: Env) -> dict[str, Any]:
+    say("P3 probes: health engine against a raw CONNECT+TLS loop")
     command = [sys.executable, "-m", "benchlib.probes",
                "--proxy", f"{env.squid.host}:{env.squid.port}", "--url", env.probe_url,
                "--ca", env.ca_file, "--seconds", str(env.args.probe_seconds)]
@@ -183,7 +197,8 @@ class Run:
 
 
 async def fleet(env: Env) -> dict[str, Any]:
-    server = FakeApiServer(history_limit=100_000)
+    server = FakeApiServer(history_limit=100_000, install_proxy_crd=False,
+                           crds=[without_cel(proxy_crd())])
     watched = Fleet(server)
     bare = _start_bare(env)
     try:
@@ -221,6 +236,7 @@ def _start_bare(env: Env) -> tuple[subprocess.Popen[bytes], int]:
 
 async def _grow(run: Run) -> None:
     env, results = run.env, run.results
+    say("starting the daemon with no proxies (P7)")
     await run.start_daemon()
     assert run.daemon is not None
     await trio.sleep(min(2.0, env.args.seconds))  # settle: what is idle is idle
@@ -233,16 +249,26 @@ async def _grow(run: Run) -> None:
     p6_size = P6_SIZE if P6_SIZE in env.args.sizes else env.args.sizes[len(env.args.sizes) // 2]
     for size in env.args.sizes:
         namespace = f"bench-{size}"
+        template = run.server.get(PROXIES.api_version, PROXIES.kind, "px-00000",
+                                  namespace=previous) if previous else None
         if previous:
             run.fleet.delete_namespace(previous)
         previous = namespace
-        await _step(run, namespace, size)
+        if size > CREATE_AT_MOST and template is not None:
+            say(f"seeding {size:,} Ready External Proxies (the shortcut above "
+                f"{CREATE_AT_MOST:,})")
+            await _seed(run, namespace, size, template)
+        else:
+            say(f"P4: creating {size:,} External Proxies until every one is leasable")
+            await _step(run, namespace, size)
+        say(f"P1, P2 at {size:,} proxies")
         results["p5_rows"].append({
             "size": size, "rss_mb": round(rss_kb(run.daemon.pid) / 1024, 1),
             "kb_per_proxy": round((rss_kb(run.daemon.pid) - idle_kb) / size, 2)})
         results["p1_rows"].append(await _leases(run, size))
         await _pairs(run, size)
         if size == p6_size:
+            say(f"P6: restarting the daemon with {size:,} proxies")
             results["p6_stop_s"] = round(run.daemon.stop(), 3)
             results["p6_start_s"] = round(await run.start_daemon(), 3)
             results["p6_size"] = size
@@ -267,12 +293,7 @@ async def _step(run: Run, namespace: str, size: int) -> None:
     with trio.fail_after(600):
         leasable = await run.fleet.wait_leasable(namespace, size)
     status_writes = run.fleet.status_writes - writes
-    # Writes that come after leasable still cost; wait for them to stop.
-    quiet_since, seen = time.perf_counter(), run.fleet.status_writes
-    while time.perf_counter() - quiet_since < 1.0:
-        await trio.sleep(0.2)
-        if run.fleet.status_writes != seen:
-            quiet_since, seen = time.perf_counter(), run.fleet.status_writes
+    await _quiet(run)
     row = {"size": size, "seconds": round(leasable - start, 2),
            "create_seconds": round(created - start, 2),
            "writes_per_proxy": round(status_writes / size, 2),
@@ -284,6 +305,34 @@ async def _step(run: Run, namespace: str, size: int) -> None:
         run.results["p4_create_seconds"] = row["create_seconds"]
         run.results["p4_writes_per_proxy"] = row["writes_per_proxy"]
         run.results["p4_size"] = size
+
+
+async def _seed(run: Run, namespace: str, size: int, template: dict[str, Any]) -> None:
+    """The largest fleet, seeded Ready: until the daemon lists every one as healthy."""
+    writes = run.fleet.status_writes
+    start = time.perf_counter()
+    run.fleet.seed(namespace, size, template)
+    url = f"{run.url}/v1/proxies?selector=bench=true&healthy=true"
+    headers = {"Authorization": f"Bearer {run.env.token}"}
+    async with httpx.AsyncClient(timeout=60.0, headers=headers) as http:
+        with trio.fail_after(600):
+            # Polling another process's API: nothing here could be an Event.
+            while len((await http.get(url)).json()["items"]) < size:  # noqa: ASYNC110
+                await trio.sleep(1.0)
+    seen = time.perf_counter()
+    await _quiet(run)
+    run.results["p4_rows"].append({
+        "size": size, "seeded": True, "seconds": round(seen - start, 2),
+        "writes_per_proxy": round((run.fleet.status_writes - writes) / size, 3)})
+
+
+async def _quiet(run: Run) -> None:
+    """Until no status write for a second: writes after leasable still cost."""
+    quiet_since, seen = time.perf_counter(), run.fleet.status_writes
+    while time.perf_counter() - quiet_since < 1.0:
+        await trio.sleep(0.2)
+        if run.fleet.status_writes != seen:
+            quiet_since, seen = time.perf_counter(), run.fleet.status_writes
 
 
 async def _leases(run: Run, size: int) -> dict[str, Any]:
@@ -329,6 +378,7 @@ async def _pairs(run: Run, size: int) -> None:
 async def _watchdog_window(run: Run, namespace: str, size: int) -> None:
     """The largest fleet under lease load while a tenth of it is probed every 5 s."""
     assert run.daemon is not None
+    say(f"the loop watchdog under lease load and probing at {size:,} proxies")
     fast = [f"{namespace}/px-{i:05d}" for i in range(max(1, int(size * FAST_PROBED)))]
     await run.fleet.patch_interval(run.client, fast, FAST_INTERVAL)
     # Every patched proxy probed once since (a smoke run with 1 s runs waits less).

@@ -130,8 +130,8 @@ def plot(results: dict[str, Any], path: Path) -> None:
     ax.plot(sizes, [results["p2_store_ms"][str(s)] for s in sizes], "s--",
             label="lease store only")
     ax.set_title("P2 median acquire+release, one at a time")
-    ax.set_ylabel("ms per pair")
-    ax.set_ylim(bottom=0)
+    ax.set_ylabel("ms per pair (log)")
+    ax.set_yscale("log")
     ax.legend()
     ax = axes[1][0]
     p4 = results["p4_rows"]
