@@ -87,8 +87,10 @@ async def run(args: argparse.Namespace, cores: Cores, workdir: Path) -> dict[str
     ca = trustme.CA()
     ca_file = workdir / "probe-ca.pem"
     ca.cert_pem.write_to_path(str(ca_file))
-    with run_squid() as squid, run_nginx(ca=ca) as target:
+    big = phases.BIG_FILE if args.seconds >= 3 else phases.BIG_FILE // 16  # smoke runs
+    with run_squid() as squid, run_nginx(ca=ca, big_file=big) as target:
         env = phases.Env(args=args, cores=cores, workdir=workdir, squid=squid,
+                         target_port=target.port,
                          probe_url=f"https://127.0.0.1:{target.port}/generate_204",
                          ca_file=str(ca_file))
         phases.pin_peers(env, target)

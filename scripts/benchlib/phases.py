@@ -20,6 +20,7 @@ import attrs
 import httpx
 import trio
 
+from benchlib import gateway as gw
 from benchlib import pairs
 from benchlib.bare import GRANT
 from benchlib.fleet import Fleet, proxy, without_cel
@@ -37,6 +38,7 @@ from benchlib.procs import (
     wait_port,
 )
 from benchlib.wrk import WrkResult, run_wrk, write_script
+from egressd.health.probe import make_ssl_context
 from egressd.kube.client import KubeClient, open_client
 from egressd.kube.config import load_config
 from egressd.kube.errors import AlreadyExists
@@ -52,6 +54,10 @@ FAST_PROBED = 0.1
 """Share of the largest fleet probed every FAST_INTERVAL in the watchdog window."""
 FAST_INTERVAL = 5
 PAIR_ROUNDS = 3
+BIG_FILE = 256 * 1024 * 1024
+"""Bytes of P9's download through a tunnel."""
+TUNNELS = 60
+"""P8's tunnels per path and size, in rounds of 10 alternating gateway and Squid."""
 
 
 _START = time.perf_counter()
@@ -68,6 +74,7 @@ class Env:
     cores: Cores
     workdir: Path
     squid: ProxyProcess
+    target_port: int
     probe_url: str
     ca_file: str
     token: str = attrs.field(factory=lambda: secrets.token_urlsafe(24))
@@ -267,12 +274,16 @@ async def _grow(run: Run) -> None:
             "kb_per_proxy": round((rss_kb(run.daemon.pid) - idle_kb) / size, 2)})
         results["p1_rows"].append(await _leases(run, size))
         await _pairs(run, size)
+        say(f"P8 gateway tunnel setup at {size:,} proxies")
+        await _tunnels(run, size)
         if size == p6_size:
             say(f"P6: restarting the daemon with {size:,} proxies")
             results["p6_stop_s"] = round(run.daemon.stop(), 3)
             results["p6_start_s"] = round(await run.start_daemon(), 3)
             results["p6_size"] = size
     largest = env.args.sizes[-1]
+    say(f"P9 gateway throughput at {largest:,} proxies")
+    await _throughput(run)
     results["p5_kb_per_proxy"] = results["p5_rows"][-1]["kb_per_proxy"]
     await _watchdog_window(run, f"bench-{largest}", largest)
     _summarise(results)
@@ -375,6 +386,50 @@ async def _pairs(run: Run, size: int) -> None:
         await pairs.store_pair_ms(size, seconds=min(seconds, 2.0)), 4)
 
 
+def _paths(run: Run) -> tuple[gw.Upstream, gw.Upstream]:
+    assert run.daemon is not None
+    return (gw.Upstream("127.0.0.1", run.daemon.gateway_port, "bench", run.env.token),
+            gw.Upstream(run.env.squid.host, run.env.squid.port))
+
+
+async def _tunnels(run: Run, size: int) -> None:
+    """P8 at one size: median tunnel setup, gateway over straight to Squid."""
+    gateway, squid = _paths(run)
+    context = make_ssl_context(run.env.ca_file)
+    target = ("127.0.0.1", run.env.target_port)
+    times: dict[str, tuple[list[float], list[float]]] = {"gateway": ([], []), "squid": ([], [])}
+    rounds = max(1, TUNNELS // 10) if run.env.args.seconds >= 3 else 1
+    for _ in range(rounds):
+        for name, upstream in (("gateway", gateway), ("squid", squid)):
+            setups, totals = await trio.to_thread.run_sync(functools.partial(
+                gw.setup_times, upstream, target, context, count=10))
+            times[name][0].extend(setups)
+            times[name][1].extend(totals)
+    row = {"size": size}
+    for name, (setups, totals) in times.items():
+        row[f"{name}_setup_ms"] = round(gw.median_ms(setups), 3)
+        row[f"{name}_total_ms"] = round(gw.median_ms(totals), 3)
+    row["setup_ratio"] = round(row["gateway_setup_ms"] / row["squid_setup_ms"], 3)
+    row["total_ratio"] = round(row["gateway_total_ms"] / row["squid_total_ms"], 3)
+    run.results.setdefault("p8_rows", []).append(row)
+
+
+async def _throughput(run: Run) -> None:
+    """P9: one large download through a tunnel, gateway over straight, alternating."""
+    gateway, squid = _paths(run)
+    url = f"https://127.0.0.1:{run.env.target_port}/big.bin"
+    rates: dict[str, list[float]] = {"gateway": [], "squid": []}
+    for _ in range(3 if run.env.args.seconds >= 3 else 1):
+        for name, upstream in (("gateway", gateway), ("squid", squid)):
+            rates[name].append(await trio.to_thread.run_sync(functools.partial(
+                gw.download_rate, upstream, url, ca_file=run.env.ca_file)))
+    best = {name: statistics.median(values) for name, values in rates.items()}
+    run.results.update({
+        "p9_throughput_ratio": round(best["gateway"] / best["squid"], 3),
+        "p9_gateway_mb_s": round(best["gateway"] / 1e6, 1),
+        "p9_squid_mb_s": round(best["squid"] / 1e6, 1)})
+
+
 async def _watchdog_window(run: Run, namespace: str, size: int) -> None:
     """The largest fleet under lease load while a tenth of it is probed every 5 s."""
     assert run.daemon is not None
@@ -436,5 +491,10 @@ def _summarise(results: dict[str, Any]) -> None:
     results["p2_ratio_vs_bare"] = round(
         (http[sizes[-1]] / bare[sizes[-1]]) / (http[sizes[0]] / bare[sizes[0]]), 3)
     results["p1_ratio_median"] = round(statistics.median(r["ratio"] for r in rows), 3)
+    p8 = results.get("p8_rows") or []
+    if p8:
+        worst8 = max(p8, key=lambda r: r["setup_ratio"])
+        results["p8_setup_ratio"], results["p8_size"] = worst8["setup_ratio"], worst8["size"]
+        results["p8_total_ratio"] = worst8["total_ratio"]
     for key in ("p8_setup_ratio", "p9_throughput_ratio", "p10_redis_ratio"):
         results.setdefault(key, "not yet")

@@ -95,11 +95,13 @@ class Nginx:
 
 
 @contextmanager
-def run_nginx(*, ca: trustme.CA | None, body: str = "", status: int = 204) -> Iterator[Nginx]:
+def run_nginx(*, ca: trustme.CA | None, body: str = "", status: int = 204,
+              big_file: int = 0) -> Iterator[Nginx]:
     """One nginx worker on 127.0.0.1 answering every request with `status` (and `body`).
 
     With `ca`: TLS with a certificate for 127.0.0.1 from that CA, no keep-alive
     (a probe target). Without: plain HTTP with keep-alive (wrk's ceiling).
+    `big_file` bytes are served at `/big.bin` too.
     """
     binary = find_binary("nginx")
     if binary is None:
@@ -118,6 +120,14 @@ def run_nginx(*, ca: trustme.CA | None, body: str = "", status: int = 204) -> It
         listen = (f"    listen 127.0.0.1:{port};\n    keepalive_requests 100000000;\n"
                   "    default_type application/json;\n")
     answer = f"return {status} '{body}';" if body else f"return {status};"
+    if big_file:
+        # P9's download: one large static file beside the constant answers.
+        with (work / "big.bin").open("wb") as handle:
+            handle.truncate(big_file)
+        # nginx started as root serves as `nobody`: it must be able to read the file.
+        work.chmod(0o755)
+        (work / "big.bin").chmod(0o644)
+        listen += f"    location = /big.bin {{ root {work}; }}\n"
     (work / "nginx.conf").write_text(
         f"worker_processes 1;\ndaemon off;\npid {work}/nginx.pid;\n"
         f"error_log {work}/error.log;\nevents {{ worker_connections 4096; }}\n"
@@ -141,6 +151,7 @@ class Daemon:
     proc: subprocess.Popen[bytes]
     discovery: str
     ops: str
+    gateway_port: int
     log: Path
     started_at: float
 
@@ -163,12 +174,12 @@ class Daemon:
 
 def start_daemon(*, kubeconfig: str, token_file: str, ca_file: str, core: int,
                  workdir: Path, extra: tuple[str, ...] = ()) -> Daemon:
-    """Start `egressd run` on `core` (pinned from its first instruction)."""
-    discovery, ops = free_port(), free_port()
+    """Start `egressd run` on `core` (pinned from its first instruction), gateway on."""
+    discovery, ops, gateway = free_port(), free_port(), free_port()
     log = workdir / f"daemon-{discovery}.log"
     command = [sys.executable, "-m", "egressd", "run", "--kubeconfig", kubeconfig,
                "--discovery-addr", f"127.0.0.1:{discovery}",
-               "--metrics-addr", f"127.0.0.1:{ops}",
+               "--metrics-addr", f"127.0.0.1:{ops}", "--gateway-addr", f"127.0.0.1:{gateway}",
                "--discovery-token-file", token_file, "--probe-ca-file", ca_file,
                "--leader-elect", "false", "--log-level", "warning", *extra]
     if shutil.which("taskset"):
@@ -178,4 +189,5 @@ def start_daemon(*, kubeconfig: str, token_file: str, ca_file: str, core: int,
         proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=err,
                                 start_new_session=True)
     return Daemon(proc=proc, discovery=f"http://127.0.0.1:{discovery}",
-                  ops=f"http://127.0.0.1:{ops}", log=log, started_at=started)
+                  ops=f"http://127.0.0.1:{ops}", gateway_port=gateway, log=log,
+                  started_at=started)

@@ -32,8 +32,9 @@ GOALS: dict[str, tuple[str, str, Any]] = {
     "watchdog_max_ms": ("Loop lag max, same window, ms", "≤ 50", lambda v: v <= 50),
     "loadgen_ceiling_req_s": ("wrk + the Lua script against nginx (its own ceiling), req/s",
                               "≫ P1", None),
-    "p8_setup_ratio": ("P8 gateway tunnel setup / straight to Squid", "—", None),
-    "p9_throughput_ratio": ("P9 gateway throughput / straight to Squid", "—", None),
+    "p8_setup_ratio": ("P8 gateway tunnel setup (to 200) / straight to Squid, worst size",
+                       "—", None),
+    "p9_throughput_ratio": ("P9 gateway download throughput / straight to Squid", "—", None),
     "p10_redis_ratio": ("P10 Redis store / memory store acquire+release rate", "—", None),
 }
 
@@ -76,6 +77,13 @@ def _beside(key: str, results: dict[str, Any]) -> str:
     if key == "watchdog_p99_ms" and "watchdog_probes_per_s" in results:
         return (f"{results.get('watchdog_req_s', 0):,.0f} req/s and "
                 f"{results['watchdog_probes_per_s']:,.0f} probes/s in the window")
+    if key == "p8_setup_ratio" and "p8_rows" in results:
+        r = next(r for r in results["p8_rows"] if r["size"] == results["p8_size"])
+        return (f"{r['gateway_setup_ms']:.2f} vs {r['squid_setup_ms']:.2f} ms; with TLS and "
+                f"a GET {r['gateway_total_ms']:.2f} vs {r['squid_total_ms']:.2f} ms "
+                f"({r['total_ratio']:.2f} x)")
+    if key == "p9_throughput_ratio" and "p9_squid_mb_s" in results:
+        return f"{results['p9_gateway_mb_s']:,.0f} vs {results['p9_squid_mb_s']:,.0f} MB/s"
     if key == "p4_seconds" and "p4_create_seconds" in results:
         return f"creating took {results['p4_create_seconds']:.1f} s of it"
     return ""
