@@ -15,6 +15,7 @@ get `grace` seconds, then are cancelled, and every lease is released.
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 from collections.abc import Hashable
 
@@ -45,6 +46,11 @@ RELEASE_TIMEOUT = 2.0
 
 BACKLOG = DEFAULT_BACKLOG
 """Listen backlog of the gateway socket: bursts of tunnel setups queue, not refused."""
+
+ACCEPT_PAUSE = 0.1
+"""Seconds the accept loop waits after running out of file descriptors (as trio's does)."""
+
+_ACCEPT_PAUSE = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS})
 
 
 @attrs.frozen(kw_only=True)
@@ -130,7 +136,13 @@ class Gateway:
             try:
                 async with listener:
                     while True:
-                        stream = await listener.accept()
+                        stream = await self._accept(listener)
+                        if self._connections >= 2 * self._cfg.max_tunnels:
+                            # Far past the cap: not even a 503 (reading the head costs a
+                            # buffer per connection), so memory stays bounded.
+                            metrics.GATEWAY_TUNNELS_REFUSED.labels("too_many_tunnels").inc()
+                            await trio.aclose_forcefully(stream)
+                            continue
                         self._track(+1)
                         tunnels.start_soon(self._handle, stream)
             finally:
@@ -138,6 +150,18 @@ class Gateway:
                     drain.deadline = trio.current_time() + self._cfg.grace
                     await self.wait_idle()
                 tunnels_scope.cancel()
+
+    async def _accept(self, listener: trio.SocketListener) -> trio.SocketStream:
+        """The next client; out of file descriptors or memory is a pause, not a crash."""
+        while True:
+            try:
+                return await listener.accept()
+            except OSError as exc:
+                if exc.errno not in _ACCEPT_PAUSE:
+                    raise
+                log.warning("gateway cannot accept; pausing", extra={
+                    "error": exc.strerror or str(exc), "pause_s": ACCEPT_PAUSE})
+                await trio.sleep(ACCEPT_PAUSE)
 
     def _track(self, delta: int) -> None:
         self._connections += delta

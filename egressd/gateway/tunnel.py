@@ -131,7 +131,7 @@ async def _open_forward(up: Upstream, ask: Ask, rest: bytes, grant: Grant,
                 opened.report = Result.PROXY_ERROR
                 return wire.error(502, "upstream_failed", f"proxy {up.key}: {exc.reason}"), False
             _judge(opened, resp, cfg)
-            return wire.forward_response(resp) + early, True
+            return wire.forward_response(resp, extra=lease_headers(grant)) + early, True
 
         opened.answer_head = answer_head
         return opened
@@ -144,7 +144,7 @@ async def _open_forward(up: Upstream, ask: Ask, rest: bytes, grant: Grant,
         await trio.aclose_forcefully(stream)
         raise UpstreamFailed("answered 407: proxy refused the credentials", status=407)
     _judge(opened, resp, cfg)
-    opened.to_client = wire.forward_response(resp) + early
+    opened.to_client = wire.forward_response(resp, extra=lease_headers(grant)) + early
     return opened
 
 

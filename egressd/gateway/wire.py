@@ -165,11 +165,12 @@ def forward_request(req: h11.Request, *, authorization: bytes | None) -> bytes:
     return b"".join(lines)
 
 
-def forward_response(resp: ResponseHead) -> bytes:
+def forward_response(resp: ResponseHead, *, extra: Iterable[tuple[str, str]] = ()) -> bytes:
     """The head of an upstream answer as sent to the client: hop-by-hop headers replaced
-    by `Connection: close` (the gateway serves one request per connection)."""
+    by `Connection: close` (the gateway serves one request per connection), plus `extra`."""
     lines = [b"HTTP/1.1 %d %s\r\n" % (resp.status_code, resp.reason)]
     lines.extend(b"%s: %s\r\n" % (k, v) for k, v in resp.headers if k not in _HOP)
+    lines.extend(f"{k}: {v}\r\n".encode("latin-1") for k, v in extra)
     lines.append(b"Connection: close\r\n\r\n")
     return b"".join(lines)
 

@@ -266,6 +266,8 @@ async def test_plain_http_answers_are_reported_429_rate_limited_and_bans_banned(
                 answer = await send_raw(gw.port, get(fine))
                 assert answer.status == 200 and answer.body == b"hello"
                 assert answer.headers["connection"] == "close"
+                assert answer.headers["x-egressd-proxy"] == "crawl/up"
+                assert len(answer.headers["x-egressd-lease"]) >= 32
                 assert "proxy-authorization" not in answer.headers
                 assert gw.store.cooldowns("crawl/up") == {}
                 answer = await send_raw(gw.port, get(limited))

@@ -6,6 +6,9 @@ whose proxies are real upstream processes (or dead/misbehaving ports).
 
 from __future__ import annotations
 
+import logging
+import os
+import resource
 import ssl
 
 import pytest
@@ -230,6 +233,17 @@ async def test_past_max_tunnels_a_client_gets_503(
                 assert second.status == 503
                 assert second.json()["error"] == "too_many_tunnels"
                 assert second.headers["retry-after"] == "1"
+                # Far past the cap (a silent connection holds the second place): closed
+                # without reading a byte, so a flood costs no buffers.
+                silent = await trio.open_tcp_stream("127.0.0.1", gw.port)
+                async with silent:
+                    with trio.fail_after(3):
+                        # The accept is observable only as the count (bounded by fail_after).
+                        while gw.gateway.connections < 2:  # noqa: ASYNC110
+                            await trio.sleep(0.01)
+                    flood = await trio.open_tcp_stream("127.0.0.1", gw.port)
+                    async with flood:
+                        assert await flood.receive_some(100) == b""
                 await first.stream.aclose()
                 with trio.fail_after(3):
                     await gw.gateway.wait_idle()
@@ -237,3 +251,40 @@ async def test_past_max_tunnels_a_client_gets_503(
                                       authorization=auth())
                 assert third.status == 200
             nursery.cancel_scope.cancel()
+
+
+async def test_out_of_file_descriptors_the_gateway_pauses_and_then_serves(
+        squid: ProxyProcess) -> None:
+    paused = trio.Event()
+
+    class Seen(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if record.getMessage() == "gateway cannot accept; pausing":
+                paused.set()
+
+    handler = Seen()
+    logging.getLogger("egressd.gateway").addHandler(handler)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    try:
+        with trio.fail_after(15):
+            async with running_gateway([upstream_proxy("up", squid.host, squid.port)]) as gw:
+                clients = [trio.socket.socket() for _ in range(6)]
+                in_use = len(os.listdir("/proc/self/fd"))
+                resource.setrlimit(resource.RLIMIT_NOFILE, (in_use + 1, hard))
+                try:
+                    for sock in clients:
+                        await sock.connect(("127.0.0.1", gw.port))
+                    await paused.wait()
+                finally:
+                    resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+                for sock in clients:
+                    stream = trio.SocketStream(sock)
+                    async with stream:
+                        await stream.send_all(b"CONNECT a:1 HTTP/1.1\r\nHost: a\r\n\r\n")
+                        data = b""
+                        while b"\r\n\r\n" not in data:
+                            data += await stream.receive_some(4096)
+                        assert data.startswith(b"HTTP/1.1 407")
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        logging.getLogger("egressd.gateway").removeHandler(handler)
