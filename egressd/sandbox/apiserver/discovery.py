@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from egressd.sandbox.apiserver.resources import ALL_VERBS, ResourceType
+from egressd.sandbox.apiserver.resources import ResourceType
 
 VERSION = {
     "major": "1", "minor": "32", "gitVersion": "v1.32.0-egressd-sandbox",
@@ -58,7 +58,7 @@ def resource_list(group_version: str, types: Iterable[ResourceType]) -> dict[str
     for rt in types:
         entry: dict[str, Any] = {
             "name": rt.plural, "singularName": rt.singular, "namespaced": rt.namespaced,
-            "kind": rt.kind, "verbs": list(ALL_VERBS),
+            "kind": rt.kind, "verbs": list(rt.verbs),
         }
         if rt.short_names:
             entry["shortNames"] = list(rt.short_names)

@@ -106,8 +106,28 @@ _DELETE_OPTIONS = {
 
 _TYPE_META = {1: _Field("apiVersion", "string"), 2: _Field("kind", "string")}
 
+# authorization/v1 (kubectl auth can-i sends its reviews in protobuf).
+_RESOURCE_ATTRIBUTES = {
+    1: _Field("namespace", "string"), 2: _Field("verb", "string"), 3: _Field("group", "string"),
+    4: _Field("version", "string"), 5: _Field("resource", "string"),
+    6: _Field("subresource", "string"), 7: _Field("name", "string"),
+}
+_ACCESS_REVIEW = {
+    1: _Field("metadata", "message", _OBJECT_META),
+    2: _Field("spec", "message", {
+        1: _Field("resourceAttributes", "message", _RESOURCE_ATTRIBUTES),
+        2: _Field("nonResourceAttributes", "message", {1: _Field("path", "string"),
+                                                       2: _Field("verb", "string")})}),
+}
+_RULES_REVIEW = {
+    1: _Field("metadata", "message", _OBJECT_META),
+    2: _Field("spec", "message", {1: _Field("namespace", "string")}),
+}
+
 # (apiVersion, kind) → message; DeleteOptions is registered in every group version.
-_KINDS = {("v1", "Namespace"): _NAMESPACE, ("v1", "Secret"): _SECRET}
+_KINDS = {("v1", "Namespace"): _NAMESPACE, ("v1", "Secret"): _SECRET,
+          ("authorization.k8s.io/v1", "SelfSubjectAccessReview"): _ACCESS_REVIEW,
+          ("authorization.k8s.io/v1", "SelfSubjectRulesReview"): _RULES_REVIEW}
 _ANY_VERSION = {"DeleteOptions": _DELETE_OPTIONS}
 # Kinds whose objects can be written in protobuf.
 READABLE_KINDS = frozenset(kind for _, kind in _KINDS)

@@ -42,6 +42,13 @@ class ResourceType:
     crd_name: str | None = None
     # All served versions of this group/plural (for apiVersion checks).
     served_versions: tuple[str, ...] = ()
+    # What discovery lists; a review (SelfSubjectAccessReview, ...) is create-only
+    # and never stored.
+    verbs: tuple[str, ...] = ALL_VERBS
+
+    @property
+    def review(self) -> bool:
+        return self.verbs == ("create",)
 
     @property
     def api_version(self) -> str:
@@ -87,6 +94,12 @@ BUILTINS: tuple[ResourceType, ...] = (
     _builtin("apiextensions.k8s.io", "v1", "customresourcedefinitions",
              "customresourcedefinition", "CustomResourceDefinition", namespaced=False,
              short=("crd", "crds"), status=True, categories=("api-extensions",)),
+    *(attrs.evolve(_builtin(group, "v1", plural, kind.lower(), kind, namespaced=False),
+                   verbs=("create",))
+      for group, plural, kind in (
+          ("authorization.k8s.io", "selfsubjectaccessreviews", "SelfSubjectAccessReview"),
+          ("authorization.k8s.io", "selfsubjectrulesreviews", "SelfSubjectRulesReview"),
+          ("authentication.k8s.io", "selfsubjectreviews", "SelfSubjectReview"))),
 )
 
 

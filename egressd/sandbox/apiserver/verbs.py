@@ -8,7 +8,7 @@ import copy
 import datetime
 from collections.abc import Callable
 
-from egressd.sandbox.apiserver import bodies, patch, reads
+from egressd.sandbox.apiserver import bodies, managed, patch, reads
 from egressd.sandbox.apiserver.bodies import check_type
 from egressd.sandbox.apiserver.errors import (
     bad_request,
@@ -22,6 +22,12 @@ from egressd.sandbox.apiserver.routing import Target
 from egressd.sandbox.apiserver.store import Obj
 from egressd.sandbox.apiserver.wire import Request, Response
 from egressd.sandbox.apiserver.writes import Writer, WriteResult
+
+
+def _updater(request: Request, target: Target) -> managed.Manager:
+    return managed.manager_for(request.param("fieldManager"),
+                               request.headers.get("user-agent", ""), operation="Update",
+                               subresource=target.subresource)
 
 
 class Verbs:
@@ -46,7 +52,8 @@ class Verbs:
                                   "namespace sent on the request")
             meta["namespace"] = target.namespace
         result = self.writer.create(target.rt, body, dry_run=bodies.dry_run(request),
-                                    field_validation=bodies.field_validation(request))
+                                    field_validation=bodies.field_validation(request),
+                                    manager=_updater(request, target))
         return self._render(target, request, result, 201)
 
     def update(self, target: Target, request: Request) -> Response:
@@ -60,7 +67,8 @@ class Verbs:
             if target.subresource is None and rt.kind != "Pod":
                 # PUT creates when missing (AllowCreateOnUpdate) for CRs and most kinds.
                 result = self.writer.create(rt, body, dry_run=dry_run,
-                                            field_validation=validation)
+                                            field_validation=validation,
+                                            manager=_updater(request, target))
                 return self._render(target, request, result, 201)
             raise not_found(rt.plural, rt.group, target.name)
         if not meta.get("resourceVersion") and rt.custom:
@@ -68,7 +76,8 @@ class Verbs:
                 "metadata.resourceVersion", "FieldValueInvalid",
                 "Invalid value: 0x0: must be specified for an update")])
         result = self.writer.write(rt, body, old, subresource=target.subresource,
-                                   dry_run=dry_run, field_validation=validation)
+                                   dry_run=dry_run, field_validation=validation,
+                                   manager=_updater(request, target))
         return self._render(target, request, result)
 
     def patch(self, target: Target, request: Request) -> Response:
@@ -94,7 +103,8 @@ class Verbs:
         if new_meta.get("name") != target.name:
             raise bad_request("metadata.name: the name of the object cannot change in a patch")
         result = self.writer.write(rt, new, old, subresource=target.subresource,
-                                   dry_run=dry_run, field_validation=validation)
+                                   dry_run=dry_run, field_validation=validation,
+                                   manager=_updater(request, target))
         return self._render(target, request, result)
 
     def _apply(self, target: Target, request: Request, old: Obj | None, *, dry_run: bool,
@@ -116,15 +126,19 @@ class Verbs:
         meta["name"] = target.name
         if rt.namespaced:
             meta["namespace"] = target.namespace
+        manager = managed.manager_for(request.param("fieldManager"), "", operation="Apply",
+                                      subresource=target.subresource)
         if old is None:
             if target.subresource is not None:
                 raise not_found(rt.plural, rt.group, target.name)
             result = self.writer.create(rt, applied, dry_run=dry_run,
-                                        field_validation=field_validation)
+                                        field_validation=field_validation, manager=manager)
             return self._render(target, request, result, 201)
-        new = patch.strategic_merge(out(rt, old), applied, strategic=False)
+        new = managed.apply(out(rt, old), applied, manager, force=request.flag("force"),
+                            api_version=rt.api_version, now=self._now())
         result = self.writer.write(rt, new, old, subresource=target.subresource,
-                                   dry_run=dry_run, field_validation=field_validation)
+                                   dry_run=dry_run, field_validation=field_validation,
+                                   manager=manager)
         return self._render(target, request, result)
 
     def delete(self, target: Target, request: Request) -> Response:

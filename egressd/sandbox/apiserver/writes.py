@@ -21,9 +21,10 @@ from typing import Any
 
 import attrs
 
-from egressd.sandbox.apiserver import builtin
+from egressd.sandbox.apiserver import builtin, managed
 from egressd.sandbox.apiserver.bodies import check_decodable
 from egressd.sandbox.apiserver.errors import already_exists, conflict, invalid, not_found
+from egressd.sandbox.apiserver.managed import Manager
 from egressd.sandbox.apiserver.registry import Registry
 from egressd.sandbox.apiserver.resources import ResourceType
 from egressd.sandbox.apiserver.respond import out, timestamp
@@ -76,14 +77,20 @@ class Writer:
     # ----- the pipeline
 
     def write(self, rt: ResourceType, new: Obj, old: Obj | None, *, subresource: str | None,
-              dry_run: bool, field_validation: str) -> WriteResult:
-        """The shared write pipeline for create (old None), update and patch."""
+              dry_run: bool, field_validation: str, manager: Manager | None = None
+              ) -> WriteResult:
+        """The shared write pipeline for create (old None), update and patch.
+
+        `manager` records who wrote which fields (managedFields); an apply to an
+        existing object brings them computed (`managed.apply`), others are recorded here.
+        """
         w = _Write(rt, copy.deepcopy(new), old, subresource)
         _decode(w)
         if old is None:
             self._admit_create(w)
         else:
             _admit_update(w, old)
+        self._track_managers(w, manager)
         _validate(w)
         self._admit_schema(w, field_validation)
         if old is not None:
@@ -114,6 +121,19 @@ class Writer:
             w.new.pop("status", None)  # create cannot set status (status subresource)
         builtin.on_create(rt, w.new)
 
+    def _track_managers(self, w: _Write, manager: Manager | None) -> None:
+        """managedFields: recorded for this write's manager, else (a write without a
+        request: seeding, the sandbox) the stored ones, whatever the body said."""
+        old_fields = (w.old or {}).get("metadata", {}).get("managedFields")
+        if manager is None:
+            if old_fields is None:
+                w.meta.pop("managedFields", None)
+            else:
+                w.meta["managedFields"] = copy.deepcopy(old_fields)
+        elif manager.operation != "Apply" or w.old is None:
+            managed.record_update(w.new, w.old, manager, api_version=w.rt.api_version,
+                                  now=self._now())
+
     def _admit_schema(self, w: _Write, field_validation: str) -> None:
         """Prune, default and validate a custom resource against its CRD version's schema."""
         schema = self.registry.schema(w.rt)
@@ -139,7 +159,7 @@ class Writer:
     # ----- create and delete
 
     def create(self, rt: ResourceType, body: Obj, *, dry_run: bool,
-               field_validation: str) -> WriteResult:
+               field_validation: str, manager: Manager | None = None) -> WriteResult:
         """Create `body` (its namespace set): name or generateName, namespace exists, unique."""
         check_decodable(rt, body)
         meta = body.setdefault("metadata", {})
@@ -159,7 +179,7 @@ class Writer:
         if self.store.peek(rt.store_key, meta.get("namespace", ""), meta["name"]) is not None:
             raise already_exists(rt.plural, rt.group, meta["name"])
         return self.write(rt, body, None, subresource=None, dry_run=dry_run,
-                          field_validation=field_validation)
+                          field_validation=field_validation, manager=manager)
 
     def delete(self, rt: ResourceType, old: Obj, *, dry_run: bool = False) -> tuple[Obj, int]:
         """Delete now (200), or mark for deletion while finalizers remain (202)."""
@@ -223,13 +243,17 @@ def _admit_update(w: _Write, old: Obj) -> None:
 
 
 def _status_only(w: _Write, old: Obj) -> None:
-    """A status write changes status only (metadata, spec: the old ones)."""
+    """A status write changes status only (metadata, spec: the old ones; managedFields
+    as the write brings them, for an apply to the status subresource)."""
     status = w.new.get("status")
+    fields = w.meta.get("managedFields")
     w.new = copy.deepcopy(old)
     if status is None:
         w.new.pop("status", None)
     else:
         w.new["status"] = status
+    if fields is not None:
+        w.meta["managedFields"] = fields
 
 
 def _keep_status(w: _Write, old: Obj) -> None:
@@ -294,11 +318,19 @@ def _spec_part(obj: Obj, rt: ResourceType) -> Any:
 
 
 def _same(new: Obj, old: Obj) -> bool:
-    """A write that changes nothing keeps the resourceVersion and sends no event."""
+    """A write that changes nothing keeps the resourceVersion and sends no event.
+
+    A change of field ownership is a change; a manager's new timestamp alone is not
+    (as kube-apiserver, which would otherwise write on every identical apply).
+    """
     def strip(obj: Obj) -> Obj:
         kept = {k: v for k, v in obj.items() if k not in ("apiVersion", "kind")}
-        kept["metadata"] = {k: v for k, v in obj.get("metadata", {}).items()
+        meta = obj.get("metadata", {})
+        kept["metadata"] = {k: v for k, v in meta.items()
                             if k not in ("resourceVersion", "managedFields")}
+        kept["managers"] = [{k: v for k, v in entry.items() if k != "time"}
+                            for entry in meta.get("managedFields") or ()
+                            if isinstance(entry, dict)]
         return kept
 
     return strip(new) == strip(old)

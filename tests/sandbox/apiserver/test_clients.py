@@ -114,6 +114,28 @@ async def test_lightkube_watch_rewatches_after_the_stream_ends(server: FakeApiSe
     assert got == [("ADDED", "a"), ("ADDED", "last")]
 
 
+async def test_lightkube_replace_needs_the_resource_version(server: FakeApiServer,
+                                                             lk: Any) -> None:
+    def replace_without_then_with() -> tuple[int, int]:
+        client = lk
+        client.create(LkProxy.from_dict(proxy("a")))
+        body = proxy("a")
+        body["spec"]["endpoint"]["port"] = 8080
+        try:
+            client.replace(LkProxy.from_dict(body))
+        except lightkube.ApiError as exc:
+            refused = exc.status.code
+        else:
+            refused = 0
+        body["metadata"]["resourceVersion"] = client.get(LkProxy, "a").metadata.resourceVersion
+        return refused, client.replace(LkProxy.from_dict(body))["spec"]["endpoint"]["port"]
+
+    with trio.fail_after(30):
+        refused, port = await in_thread(replace_without_then_with)
+    assert refused == 422
+    assert port == 8080
+
+
 # ----- kr8s
 
 

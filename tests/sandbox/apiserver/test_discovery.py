@@ -33,10 +33,13 @@ async def test_version_and_group_discovery(api_client: httpx.AsyncClient) -> Non
         core = {r["name"] for r in (await api_client.get("/api/v1")).json()["resources"]}
         assert {"pods", "pods/status", "secrets", "namespaces", "events"} <= core
         assert (await api_client.get("/apis/nope.example/v1")).status_code == 404
-        # An unserved API is a 404 for every verb (kubectl auth can-i POSTs to one).
+        # An unserved API is a 404 for every verb.
+        unserved = await api_client.post("/apis/policy/v1/poddisruptionbudgets", json={})
+        assert unserved.status_code == 404 and unserved.json()["reason"] == "NotFound"
+        # A served review without attributes is a 400 (kubectl auth can-i sends them).
         review = await api_client.post(
             "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews", json={})
-        assert review.status_code == 404 and review.json()["reason"] == "NotFound"
+        assert review.status_code == 400 and review.json()["reason"] == "BadRequest"
         assert (await api_client.post("/apis", json={})).status_code == 405
 
 

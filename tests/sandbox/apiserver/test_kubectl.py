@@ -227,3 +227,57 @@ async def test_imperative_create_namespace_and_secret(kube_env: dict[str, str],
     assert secret["type"] == "Opaque"
     result = await kubectl(kube_env, "create", "namespace", "team")
     assert result.returncode != 0 and "AlreadyExists" in out(result), out(result)
+
+
+SSA_YAML = """\
+apiVersion: crawl.example.com/v1alpha1
+kind: Proxy
+metadata: {{name: ssa, namespace: default}}
+spec:
+  mode: External
+  endpoint: {{host: 192.0.2.1, port: 3128}}
+  attributes: {attributes}
+"""
+
+
+async def test_server_side_apply_drops_unset_fields_and_refuses_conflicts_unless_forced(
+        kube_env: dict[str, str], apiserver: FakeApiServer, tmp_path: Path) -> None:
+    manifest = tmp_path / "ssa.yaml"
+    manifest.write_text(SSA_YAML.format(attributes="{team: crawl, env: prod}"))
+    result = await kubectl(kube_env, "apply", "--server-side", "-f", str(manifest))
+    assert result.returncode == 0, out(result)
+    manifest.write_text(SSA_YAML.format(attributes="{team: crawl}"))
+    result = await kubectl(kube_env, "apply", "--server-side", "-f", str(manifest))
+    assert result.returncode == 0, out(result)
+    stored = apiserver.get("crawl.example.com/v1alpha1", "Proxy", "ssa", namespace="default")
+    assert stored is not None and stored["spec"]["attributes"] == {"team": "crawl"}
+
+    # Another manager sets team to another value: a conflict, then forced.
+    manifest.write_text(SSA_YAML.format(attributes="{team: search}"))
+    result = await kubectl(kube_env, "apply", "--server-side", "--field-manager", "alice",
+                           "-f", str(manifest))
+    assert result.returncode != 0
+    assert 'conflict with "kubectl"' in out(result) and ".spec.attributes.team" in out(result)
+    result = await kubectl(kube_env, "apply", "--server-side", "--field-manager", "alice",
+                           "--force-conflicts", "-f", str(manifest))
+    assert result.returncode == 0, out(result)
+    stored = apiserver.get("crawl.example.com/v1alpha1", "Proxy", "ssa", namespace="default")
+    assert stored is not None and stored["spec"]["attributes"] == {"team": "search"}
+    result = await kubectl(kube_env, "get", "px", "ssa", "--show-managed-fields", "-o",
+                           "jsonpath={.metadata.managedFields[*].manager}")
+    assert result.returncode == 0, out(result)
+    assert sorted(result.stdout.decode().split()) == ["alice", "kubectl"]
+
+
+async def test_auth_whoami_and_can_i(kube_env: dict[str, str]) -> None:
+    result = await kubectl(kube_env, "auth", "whoami")
+    assert result.returncode == 0, out(result)
+    assert "sandbox-admin" in result.stdout.decode()
+    assert "system:masters" in result.stdout.decode()
+    result = await kubectl(kube_env, "auth", "can-i", "patch", "proxies.crawl.example.com",
+                           "-n", "default")
+    assert result.returncode == 0, out(result)
+    assert result.stdout.decode().strip() == "yes"
+    result = await kubectl(kube_env, "auth", "can-i", "--list", "-n", "default")
+    assert result.returncode == 0, out(result)
+    assert "*.*" in result.stdout.decode()
