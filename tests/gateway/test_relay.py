@@ -4,10 +4,12 @@ plain-http reports and shutdown, through a real Squid."""
 from __future__ import annotations
 
 import logging
+import os
 import ssl
 
 import pytest
 import trio
+import trio.testing
 
 from egressd import metrics
 from egressd.leases import Result
@@ -144,6 +146,29 @@ async def test_half_close_is_passed_on_and_the_upstream_gets_its_credentials() -
                 assert answer.status == 502
                 assert "407" in answer.json()["message"]
                 assert gw.counted == ["crawl/up"]
+            nursery.cancel_scope.cancel()
+
+
+async def test_tunnels_leave_no_file_descriptor_behind() -> None:
+    with trio.fail_after(20):
+        async with trio.open_nursery() as nursery:
+            port = await nursery.start(serve_tcp, _echo_after_eof)
+            up = await nursery.start(serve_auth_proxy, "u", "p")
+            creds = {"crawl/up": ("u", "p")}
+            async with running_gateway([upstream_proxy("up", "127.0.0.1", up.port)],
+                                       credentials=creds, idle_timeout=0.3) as gw:
+                before = len(os.listdir("/proc/self/fd"))
+                for i in range(20):
+                    answer = await connect(gw.port, f"127.0.0.1:{port}", authorization=auth())
+                    await answer.stream.send_all(b"z" * (i * 10_000))
+                    if i % 2:
+                        await answer.stream.send_eof()  # a clean half-close ...
+                        while await answer.stream.receive_some(65536):
+                            pass
+                    await answer.stream.aclose()  # ... or a plain close mid-tunnel
+                await gw.gateway.wait_idle()
+                await trio.testing.wait_all_tasks_blocked()
+                assert len(os.listdir("/proc/self/fd")) <= before
             nursery.cancel_scope.cancel()
 
 
