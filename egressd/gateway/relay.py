@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 
 import attrs
 import trio
@@ -45,7 +45,7 @@ _SPLICE = hasattr(os, "splice") and hasattr(fcntl, "F_SETPIPE_SZ")
 """Linux: move tunnel bytes socket → pipe → socket in the kernel, never through Python."""
 
 
-async def _copy(src: trio.SocketStream, dst: trio.SocketStream) -> AsyncIterator[int]:
+async def _copy(src: trio.SocketStream, dst: trio.SocketStream) -> AsyncGenerator[int, None]:
     """Relay through user space; yields each chunk's size (0 first: the read started)."""
     while True:
         data = await src.receive_some(BUFFER)
@@ -56,7 +56,7 @@ async def _copy(src: trio.SocketStream, dst: trio.SocketStream) -> AsyncIterator
         yield len(data)
 
 
-async def _splice(src: trio.SocketStream, dst: trio.SocketStream) -> AsyncIterator[int]:
+async def _splice(src: trio.SocketStream, dst: trio.SocketStream) -> AsyncGenerator[int, None]:
     """Relay with splice(2) through a pipe: the bytes are never copied into Python.
 
     Both sockets are non-blocking (trio's); each side is waited on with trio's
