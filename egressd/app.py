@@ -2,9 +2,9 @@
 
 `load_inputs` reads the files named by flags, once, so a mistake in any of
 them stops the process at start with one line naming the flag and the path
-(SPEC §4, §9), before a nursery or a connection exists.
+(docs/providers.md, docs/reference.md), before a nursery or a connection exists.
 
-`run_daemon` builds every part and runs them in one nursery (SPEC §2):
+`run_daemon` builds every part and runs them in one nursery (docs/architecture.md):
 process-wide services on every replica (informers, work queue, lease stores,
 discovery and ops servers) and, per leadership term, the health engine,
 reconciler and orphan GC. Each starts with `nursery.start`, in an order where
@@ -158,7 +158,7 @@ class DaemonAddresses:
 
 
 class HealthRelay:
-    """Where a `proxy_error` report reaches the health engine (SPEC §7).
+    """Where a `proxy_error` report reaches the health engine (docs/reference.md).
 
     The engine lives on the leader only, one per term, while reports land on
     any replica: the current term's engine is set here while it runs. On a
@@ -198,7 +198,7 @@ async def _lead(parts: _Parts, *,
     """One leadership term: a fresh health engine, the reconciler and orphan GC.
 
     Cancelled when leadership is lost (or at shutdown); the next term starts
-    afresh (SPEC §2), seeded from the statuses in the cache.
+    afresh (docs/architecture.md), seeded from the statuses in the cache.
     """
     settings = parts.settings
     engine = HealthEngine(parts.prober.probe, on_change=parts.queue.add,
@@ -238,7 +238,7 @@ async def run_daemon(
     environ: Mapping[str, str],
     task_status: trio.TaskStatus[DaemonAddresses] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Run egressd until cancelled (SPEC §2); cancellation is the only stop.
+    """Run egressd until cancelled (docs/architecture.md); cancellation is the only stop.
 
     `task_status.started` gets the bound addresses once both servers listen
     and both caches have synced. Raises ConfigError, before anything runs,

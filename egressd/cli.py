@@ -37,10 +37,15 @@ def _parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="egressd", description="Egress proxy fleet manager.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
-    run = sub.add_parser("run", help="Run the daemon.")
+    run = sub.add_parser(
+        "run", help="Run the daemon.",
+        epilog="Every flag, with its default, and the API, the resource and the metrics: "
+               "docs/reference.md.")
     add_flags(run)
 
-    sandbox = sub.add_parser("sandbox", help="Run the whole system on this machine.")
+    sandbox = sub.add_parser(
+        "sandbox", help="Run the whole system on this machine.",
+        epilog="What it runs and prints: README.md; its flags: docs/reference.md.")
     sandbox.add_argument("--api-only", action="store_true",
                          help="Serve only the fake Kubernetes API server with the CRD.")
     sandbox.add_argument("--ready-file", metavar="PATH",

@@ -1,4 +1,4 @@
-"""Logging set-up: one line per event, `text` or `json` (SPEC §8).
+"""Logging set-up: one line per event, `text` or `json` (docs/reference.md).
 
 Code logs a short event message plus structured fields:
 `log.info("instance created", extra={"proxy": "ns/name", "instance": iid})`.

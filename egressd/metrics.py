@@ -1,4 +1,4 @@
-"""Every Prometheus metric egressd exports (SPEC §8), on one registry.
+"""Every Prometheus metric egressd exports (docs/reference.md), on one registry.
 
 Metrics are module-level because a metric is process-global by nature; they
 live on `REGISTRY` rather than prometheus-client's default registry so the

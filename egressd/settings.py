@@ -1,4 +1,4 @@
-"""Every tunable of `egressd run`, as one frozen `Settings` value (SPEC §9).
+"""Every tunable of `egressd run`, as one frozen `Settings` value (docs/reference.md).
 
 Each field is a flag (`--max-lease-ttl`) and an environment variable
 (`EGRESSD_MAX_LEASE_TTL`); a flag wins over the environment, the environment
@@ -107,7 +107,7 @@ class Settings:
 
     # Providers
     providers_config: str | None = setting(
-        None, "YAML file listing the providers (SPEC §4).", _opt_str)
+        None, "YAML file listing the providers (docs/providers.md).", _opt_str)
 
     # Discovery API
     discovery_addr: str = setting(":8090", "Address the discovery API listens on.", _addr)

@@ -1,9 +1,9 @@
-"""Step 3 of a Managed pass (SPEC §5): the cloud-init text an instance is built from.
+"""Step 3 of a Managed pass (docs/architecture.md): the cloud-init text an instance is built from.
 
 Inline text, or a key of a Secret in the Proxy's namespace read from the
 labelled-Secret cache. A missing Secret or key, or a value that is not base64
 UTF-8, is `Unresolved` with a message that names the Secret and key, never
-the content (SPEC §8).
+the content (docs/reference.md).
 """
 
 from __future__ import annotations

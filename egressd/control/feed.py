@@ -1,4 +1,4 @@
-"""What feeds the reconciler's work queue (SPEC §5), once per process.
+"""What feeds the reconciler's work queue (docs/architecture.md), once per process.
 
 Proxy events that need a pass (`needs_pass`); Secret events mapped to the
 Proxies whose cloud-init names the Secret; and the kubernetes provider's Pods

@@ -1,4 +1,4 @@
-"""Orphan GC (SPEC §5): delete instances this cluster made that no Proxy owns any more.
+"""Orphan GC (docs/architecture.md): delete instances this cluster made that no Proxy owns any more.
 
 Leader only, every `--gc-interval`, and only after the Proxy cache synced (an
 empty cache would make every instance look orphaned). Every provider is

@@ -1,4 +1,4 @@
-"""The steps of a pass over a Managed proxy (SPEC §5, steps 1-6), against its provider.
+"""The steps of a pass over a Managed proxy (docs/architecture.md, steps 1-6), against its provider.
 
 `ManagedSteps.drive` takes a Managed Proxy that is not being deleted one step
 towards its spec: finalizer, cloud-init, spec hash, then create, replace or
@@ -70,7 +70,7 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-# Event reasons (SPEC §5: created, replaced, deleted, failed).
+# Event reasons (docs/architecture.md: created, replaced, deleted, failed).
 EVENT_CREATED = "Created"
 EVENT_REPLACED = "Replaced"
 EVENT_DELETED = "Deleted"

@@ -1,4 +1,4 @@
-"""The reconciler's side of health (SPEC §5 step 7), level-based like the rest of a pass.
+"""The reconciler's side of health (step 7 of a pass, docs/architecture.md), level-based.
 
 Each pass ends by computing the probe target its Proxy should have (`desired_target`,
 from the status the pass built) and `sync_health` makes the engine agree, in one

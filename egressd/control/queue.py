@@ -1,4 +1,4 @@
-"""The reconciler's work queue, with client-go's workqueue semantics (SPEC §5).
+"""The reconciler's work queue, with client-go's workqueue semantics (docs/architecture.md).
 
 * A key waits in the queue at most once (adds are deduplicated).
 * A key handed out by `get()` is *processing* until `done(key)`; it is never

@@ -1,4 +1,4 @@
-"""The reconciler (SPEC §5): one level-based pass per Proxy key; one per leadership term.
+"""The reconciler (docs/architecture.md): one level-based pass per Proxy key, one per term.
 
 A pass reads the Proxy (the cache's, or the object its own last write returned:
 `OwnWrites`), parses it once, and runs in a fixed shape:
@@ -70,7 +70,7 @@ def _comparable(status: ProxyStatus) -> ProxyStatus:
 
 
 class Reconciler:
-    """Drives Proxies to their spec; one per leadership term (SPEC §5)."""
+    """Drives Proxies to their spec; one per leadership term (docs/architecture.md)."""
 
     def __init__(
         self, *, client: KubeClient, proxies: Informer, secrets: Informer,
@@ -179,7 +179,7 @@ class Reconciler:
         if _comparable(d.status) == _comparable(d.observed):
             return
         wire = unstructure_status(d.status)
-        del wire["cooldowns"]  # the lease layer's (SPEC §7): never written here
+        del wire["cooldowns"]  # the lease layer's (docs/reference.md): never written here
         meta = d.proxy.metadata
         d.written(await self._client.patch_status(PROXIES, meta.name, {"status": wire},
                                                   namespace=meta.namespace))

@@ -1,8 +1,8 @@
-"""The spec hash (SPEC §3): what a Managed proxy's instance was built from.
+"""The spec hash (docs/reference.md): what a Managed proxy's instance was built from.
 
 `crawl.example.com/spec-hash` holds the SHA-256 hex of the inputs that need a
 new instance when they change: placement, the *resolved* cloud-init text and
-the port (SPEC §3), and the provider's name: an instance lives on one
+the port (docs/reference.md), and the provider's name: an instance lives on one
 provider, so moving a proxy to another one needs a new instance there
 (docs/decisions.md). They are hashed as canonical JSON (sorted keys, no whitespace,
 unset placement fields left out), so the hash does not depend on key order or

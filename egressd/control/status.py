@@ -1,4 +1,4 @@
-"""Status derivation (SPEC §3): the phase from conditions, and condition updates.
+"""Status derivation (docs/reference.md): the phase from conditions, and condition updates.
 
 Pure functions, no I/O: the reconciler builds the status it wants with these
 and writes it once per pass. A condition's `lastTransitionTime` moves only
@@ -20,7 +20,7 @@ from egressd.model.constants import (
 )
 from egressd.model.proxy import Condition
 
-# Reasons of the Provisioned condition (SPEC §5).
+# Reasons of the Provisioned condition (docs/architecture.md).
 REASON_EXTERNAL = "External"
 REASON_RUNNING = "Running"
 REASON_CREATING = "Creating"
@@ -74,7 +74,7 @@ def remove_condition(conditions: Sequence[Condition], type: str) -> tuple[Condit
 def is_failed(conditions: Sequence[Condition], *, generation: int) -> bool:
     """Provisioned is False with reason PermanentFailure, recorded for `generation`.
 
-    A spec change moves the generation, which ends the latch (SPEC §5).
+    A spec change moves the generation, which ends the latch (docs/architecture.md).
     """
     cond = find(conditions, COND_PROVISIONED)
     return (cond is not None and cond.status == STATUS_FALSE
@@ -91,7 +91,7 @@ def not_configured(conditions: Sequence[Condition]) -> bool:
 
 def compute_phase(conditions: Sequence[Condition], *, generation: int,
                   deleting: bool) -> Phase:
-    """SPEC §3, in order: Deleting; Failed (latched, or not configured here);
+    """docs/reference.md, in order: Deleting; Failed (latched, or not configured here);
     Provisioning while Provisioned is not True or there is no health verdict yet
     (never Ready unprobed); Ready or Unhealthy.
 

@@ -1,4 +1,4 @@
-"""The reconciler's worker loop (SPEC §5): keys from the work queue through a pass.
+"""The reconciler's worker loop (docs/architecture.md): keys from the work queue through a pass.
 
 It knows nothing of Proxies. A pass is any `async (key) -> Outcome`; `process`
 runs one, turns an unexpected error into a backed-off retry, schedules the

@@ -1,7 +1,7 @@
 """What a gateway client asks for: a CONNECT `host:port`, or an absolute-form `http://` URL.
 
 The target of a tunnel is its host, lower case, without port: the lease's
-target, so per-target cooldowns and capacity apply to it (SPEC §7).
+target, so per-target cooldowns and capacity apply to it (docs/reference.md).
 """
 
 from __future__ import annotations

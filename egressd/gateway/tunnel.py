@@ -4,7 +4,7 @@ For CONNECT the proxy's 2xx becomes the client's `200 Connection
 established` with `X-Egressd-Lease` and `X-Egressd-Proxy`. For plain http the
 request goes on with the upstream's credentials instead of the client's, and
 the gateway reads the answer's status: 429 is reported `rate_limited` (with its
-Retry-After), a ban status `banned` (SPEC §7, issue 15 item 5). A request
+Retry-After), a ban status `banned` (docs/reference.md, issue 15 item 5). A request
 without a body has its answer read before the tunnel counts as open, so a 407
 or a dead proxy is retried on another one; a request with a body streams it
 while the answer is awaited (it cannot be replayed), so there only the dial is

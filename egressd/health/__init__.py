@@ -1,4 +1,4 @@
-"""Probing every proxy through itself and keeping a verdict per proxy (SPEC §6).
+"""Probing every proxy through itself and keeping a verdict per proxy (docs/architecture.md).
 
 `probe` owns one probe through one proxy; `engine` owns scheduling, bounded
 concurrency, thresholds and the snapshot. Neither knows about Kubernetes.

@@ -1,4 +1,4 @@
-"""The health engine (SPEC §6): when each proxy is probed, how many probes run at
+"""The health engine (docs/architecture.md): when each proxy is probed, how many probes run at
 once, and what the verdict per proxy is.
 
 It knows nothing of Kubernetes: the caller (the reconciler) turns each Proxy
@@ -36,7 +36,7 @@ from egressd.metrics import PROBES
 
 log = logging.getLogger(__name__)
 
-# SPEC §6: while healthy, a latency-only update is emitted when latency moved
+# docs/architecture.md: while healthy, a latency-only update is emitted when latency moved
 # by at least this percentage since the last emission ...
 LATENCY_CHANGE_PERCENT: Final = 20
 # ... and the last emission is at least this old (seconds).
@@ -111,7 +111,7 @@ class HealthEngine:
     scripted function in tests) and is expected to enforce the target's
     timeout itself; the engine only adds a backstop of `probe_grace` seconds
     beyond it. `on_change(key)` is called synchronously on every emission
-    (SPEC §6) and must not block or raise (it enqueues a work-queue key).
+    (docs/architecture.md) and must not block or raise (it enqueues a work-queue key).
     """
 
     def __init__(self, probe: ProbeFn, *, on_change: Callable[[str], None], concurrency: int,
@@ -149,7 +149,7 @@ class HealthEngine:
         (interval, timeout, thresholds) keep everything and apply from the
         next probe; a new interval also moves the pending probe by the
         difference (never into the past). A target without a host is not
-        probeable: its state is dropped, as by `remove` (SPEC §6).
+        probeable: its state is dropped, as by `remove` (docs/architecture.md).
         """
         if not target.host:
             self.remove(target.key)

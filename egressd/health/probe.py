@@ -1,4 +1,4 @@
-"""One probe through one proxy (SPEC §6), on trio streams with h11 doing the framing.
+"""One probe through one proxy (docs/architecture.md), on trio streams with h11 doing the framing.
 
 An https probe URL goes through an HTTP CONNECT tunnel, then TLS to the target
 and a GET inside it; an http one is a GET with the absolute URL, forwarded by
@@ -50,7 +50,7 @@ class ProbeTarget:
 
     `key` is opaque to the health package (the reconciler uses
     "namespace/name"); `host`/`port` address the proxy; `url` is probed
-    through it. Thresholds are counts of consecutive results (SPEC §3).
+    through it. Thresholds are counts of consecutive results (docs/reference.md).
     Out-of-range numbers raise `ValueError` here, at construction: the CRD
     bounds them, and a negative timeout reaching a timer would stop the engine.
     """

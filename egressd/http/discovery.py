@@ -1,4 +1,4 @@
-"""The discovery API (SPEC §7): list proxies, acquire, release and report on leases.
+"""The discovery API (docs/reference.md): list proxies, acquire, release and report on leases.
 
 A Quart-Trio app over a `ProxySource` (the informer cache) and a `LeaseStore`
 (the interface, never the concrete store). Every error, including unknown

@@ -1,4 +1,4 @@
-"""ASGI middleware of the discovery API (SPEC §7), outermost first.
+"""ASGI middleware of the discovery API (docs/reference.md), outermost first.
 
 `wrap(app, token=...)` stacks: recovery (an unhandled error becomes a logged 500
 with the JSON error shape), request log (one line per request), bearer auth
@@ -31,7 +31,7 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Any, Any, Any], Awaitable[None]]
 
 MAX_BODY = 64 * 1024
-"""SPEC §7: request bodies are capped at 64 KiB."""
+"""docs/reference.md: request bodies are capped at 64 KiB."""
 
 BODY_TIMEOUT = 60.0
 """Seconds a client gets to send its whole body (Quart's own default, which the cap bypasses)."""

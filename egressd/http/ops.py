@@ -1,4 +1,4 @@
-"""The ops app on `--metrics-addr` (SPEC §8): `/metrics`, `/healthz`, `/readyz`."""
+"""The ops app on `--metrics-addr` (docs/reference.md): `/metrics`, `/healthz`, `/readyz`."""
 
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ bound URLs (use port 0 in tests). egressd binds and listens itself
 Hypercorn's default of 100 left 13 % of 4,000 connections opened 500 at a time
 unanswered (issue 19). Cancelling the task is the stop: the server
 stops accepting, idle keep-alive connections are closed, in-flight requests get
-up to `grace` seconds, then whatever is left is cancelled (SPEC §7).
+up to `grace` seconds, then whatever is left is cancelled (docs/reference.md).
 
 Known limit: Hypercorn writes to sockets under a cancel shield, so a client
 that stops reading a response larger than the socket buffers holds the stop

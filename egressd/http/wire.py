@@ -1,4 +1,4 @@
-"""The discovery API's wire types (SPEC §7): request bodies and answers as frozen classes.
+"""The discovery API's wire types (docs/reference.md): request bodies and answers as frozen classes.
 
 One codec (`egressd.codec`, the house's converter factory) reads the bodies
 and writes the answers, and `openapi.py` generates the document from these same
@@ -161,7 +161,7 @@ def _read(raw: dict[str, Any], cls: type[T], *, code_of: Mapping[str, str]) -> T
 def parse_lease_request(data: bytes, *, default_ttl: float, max_ttl: float) -> Acquire:
     """Parse a lease request. An empty body asks for any proxy (`curl -X POST` works).
 
-    ttlSeconds is never clamped (SPEC §7): 0, negative or above `max_ttl` is
+    ttlSeconds is never clamped (docs/reference.md): 0, negative or above `max_ttl` is
     `invalid_ttl`, so a client asking for too much finds out.
     """
     body = _read(json_object(data, empty={}), LeaseRequest, code_of={})
@@ -173,7 +173,7 @@ def parse_lease_request(data: bytes, *, default_ttl: float, max_ttl: float) -> A
 
 
 def parse_report_request(data: bytes) -> ReportRequest:
-    """Parse a report. retryAfterSeconds is bounded later by the store (SPEC §7)."""
+    """Parse a report. retryAfterSeconds is bounded later by the store (docs/reference.md)."""
     body = _read(json_object(data), Report, code_of={"result": "invalid_result"})
     return ReportRequest(
         result=body.result, target=body.target or None, retry_after=body.retry_after_seconds)
@@ -295,7 +295,7 @@ def matches(proxy: Proxy, selector: Mapping[str, str]) -> bool:
 
 
 def leasable(proxy: Proxy) -> bool:
-    """SPEC §7: phase Ready, a host, a healthy verdict and no deletionTimestamp.
+    """docs/reference.md: phase Ready, a host, a healthy verdict and no deletionTimestamp.
 
     The phase is checked as well as the condition: a Healthy condition left
     from before a proxy went Failed, Deleting or Provisioning is stale, and

@@ -1,6 +1,6 @@
 """The trio-native Kubernetes API client: one `httpx.AsyncClient` per process.
 
-Everything egressd says to the API goes through `KubeClient` (SPEC §2): it adds
+Everything egressd says to the API goes through `KubeClient` (docs/architecture.md): it adds
 the refreshing bearer token, maps answers to typed errors once (errors.py),
 retries what can be retried (429, 5xx, connection failures) with exponential
 backoff where a longer Retry-After wins, and re-reads credentials once on a

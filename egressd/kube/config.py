@@ -1,4 +1,4 @@
-"""Where the Kubernetes API is and how to authenticate to it (SPEC §2, §9).
+"""Where the Kubernetes API is and how to authenticate to it (docs/reference.md, flags).
 
 `load_config` turns a kubeconfig (file, context, client certificates, bearer
 tokens, exec plugins) or the in-cluster service account into one immutable
@@ -341,7 +341,7 @@ async def load_config(
     refresh_interval: float = DEFAULT_REFRESH_INTERVAL,
     refresh_timeout: float = DEFAULT_REFRESH_TIMEOUT,
 ) -> KubeConfig:
-    """The connection to use (SPEC §9 `--kubeconfig`, `--context`).
+    """The connection to use (docs/reference.md `--kubeconfig`, `--context`).
 
     An explicit kubeconfig wins; without one, in-cluster config when the
     service environment is present, else `$KUBECONFIG`, else `~/.kube/config`.

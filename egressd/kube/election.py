@@ -1,4 +1,4 @@
-"""Leader election on a coordination.k8s.io/v1 Lease, trio-native (SPEC §2).
+"""Leader election on a coordination.k8s.io/v1 Lease, trio-native (docs/architecture.md).
 
 `run_elected` campaigns for the Lease and runs `lead()` only while this
 replica holds it, in a child cancel scope: when a renewal cannot be made

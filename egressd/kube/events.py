@@ -1,4 +1,4 @@
-"""Kubernetes Events about objects, aggregated like client-go's recorder (SPEC §5).
+"""Kubernetes Events about objects, aggregated like client-go's recorder (docs/architecture.md).
 
 The first occurrence of an event (same object, type, reason and message)
 creates an Event with count 1; repeats patch that Event's `count` and

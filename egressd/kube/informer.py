@@ -1,4 +1,4 @@
-"""A list+watch cache of one resource, like client-go's reflector and informer (SPEC §2).
+"""A list+watch cache of one resource, like client-go's reflector and informer.
 
 `Informer.run` lists, then watches from the list's resourceVersion with
 bookmarks, a random 5-10 min `timeoutSeconds` and an inactivity timeout. A

@@ -1,4 +1,4 @@
-"""Leases and cooldowns (SPEC §7): the `LeaseStore` contract and its in-memory store.
+"""Leases and cooldowns (docs/reference.md): the `LeaseStore` contract and its in-memory store.
 
 Importers that only need the contract (the discovery API) use the names below;
 `egressd.leases.store` is the in-memory implementation, `egressd.leases.persist`

@@ -1,4 +1,4 @@
-"""The lease store's contract: its values, its errors and the `LeaseStore` protocol (SPEC §7).
+"""The lease store's contract: its values, its errors and the `LeaseStore` protocol.
 
 The discovery API depends on this module only, never on a concrete store, so a
 store shared between replicas can replace the in-memory one. Everything here is

@@ -1,4 +1,4 @@
-"""Cooldowns that survive a restart and reach every replica (SPEC §7).
+"""Cooldowns that survive a restart and reach every replica (docs/reference.md).
 
 `CooldownWriter` observes the lease store: the store calls its hook with every
 cooldown a report starts, and the writer writes it to the Proxy's
@@ -18,7 +18,7 @@ cooldown still holds on this replica until it ends; only a restart in that
 window would lose it, which is logged.
 
 Active leases are not persisted: after a restart their ids answer as unknown
-and their capacity frees within one TTL (SPEC §7).
+and their capacity frees within one TTL (docs/reference.md).
 """
 
 from __future__ import annotations
@@ -230,7 +230,7 @@ class CooldownWriter:
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Write queued cooldowns, one merge patch each, and prune ended ones, until cancelled.
 
-        Cooldowns are data a restart must not lose (SPEC §7), so a write in flight is
+        Cooldowns are data a restart must not lose (docs/reference.md), so a write in flight is
         shielded from cancellation (up to WRITE_TIMEOUT), and on cancellation the
         cooldowns still queued are flushed (up to FLUSH_TIMEOUT) before it returns;
         reports answered after that write from the request itself.

@@ -1,4 +1,4 @@
-"""The in-memory lease store: selection, leases with a TTL, cooldowns (SPEC §7).
+"""The in-memory lease store: selection, leases with a TTL, cooldowns (docs/reference.md).
 
 It knows nothing of Kubernetes or of `Proxy` (import-linter forbids both): the
 caller hands it plain `Candidate` values it has already filtered for health.
@@ -44,7 +44,7 @@ from egressd.settings import Settings
 log = logging.getLogger(__name__)
 
 MIN_RETRY_AFTER = 1.0
-"""SPEC §7: a client's retryAfterSeconds is bounded below by one second."""
+"""docs/reference.md: a client's retryAfterSeconds is bounded below by one second."""
 
 
 @attrs.define
@@ -81,11 +81,11 @@ class MemoryLeaseStore:
         self._cooldown = cooldown
         self._ban_cooldown = ban_cooldown
         self._max_cooldown = max_cooldown
-        # SPEC §7: expired leases are kept "one cooldown window" for late reports.
+        # docs/reference.md: expired leases are kept "one cooldown window" for late reports.
         self._retention = cooldown if retention is None else retention
         self._sweep_interval = sweep_interval
         self._clock = clock
-        # Called with the proxy key of each lease's first proxy_error report (SPEC §7:
+        # Called with the proxy key of each lease's first proxy_error report (docs/reference.md:
         # it counts as a failed probe); must not block or raise.
         self._on_proxy_error = on_proxy_error
         # Persistence observes the store through this hook (egressd.leases.persist).
@@ -196,7 +196,7 @@ class MemoryLeaseStore:
                     self._on_proxy_error(rec.lease.key)
             return None
         if result is Result.BANNED:
-            # SPEC §7: a 429 is not a ban; a ban never takes the client's Retry-After.
+            # docs/reference.md: a 429 is not a ban; a ban never takes the client's Retry-After.
             duration = self._ban_cooldown
         elif retry_after is not None:
             duration = min(max(retry_after, MIN_RETRY_AFTER), self._max_cooldown)
@@ -300,7 +300,7 @@ class MemoryLeaseStore:
         metrics.LEASES_ACTIVE.dec()
 
     def _cooling(self, key: str, target: str, now: float) -> bool:
-        # SPEC §7: a global cooldown blocks every acquire; a target's only acquires for
+        # docs/reference.md: a global cooldown blocks every acquire; a target's only acquires for
         # that target; an acquire without a target sees only global cooldowns.
         cds = self._cooldowns.get(key)
         if not cds:

@@ -1,4 +1,4 @@
-"""Names and defaults of the Proxy resource (SPEC §3) that every layer shares.
+"""Names and defaults of the Proxy resource (docs/reference.md) that every layer shares.
 
 The wire strings live here once, so a typo in a finalizer or a condition type
 is a NameError, not a silent mismatch with the CRD.
@@ -19,7 +19,7 @@ CRD_NAME = f"{PLURAL}.{GROUP}"
 
 FINALIZER = f"{GROUP}/instance-cleanup"
 SPEC_HASH_ANNOTATION = f"{GROUP}/spec-hash"
-# Only Secrets with this label set to "true" are watched for cloud-init (SPEC §2).
+# Only Secrets with this label set to "true" are watched for cloud-init (docs/architecture.md).
 CLOUD_INIT_LABEL = f"{GROUP}/cloud-init"
 
 COND_PROVISIONED = "Provisioned"
@@ -31,7 +31,7 @@ STATUS_FALSE = "False"
 STATUS_UNKNOWN = "Unknown"
 CONDITION_STATUSES = (STATUS_TRUE, STATUS_FALSE, STATUS_UNKNOWN)
 
-# Key of the global entry in status.cooldowns (SPEC §7).
+# Key of the global entry in status.cooldowns (docs/reference.md).
 GLOBAL_COOLDOWN_KEY = "*"
 
 DEFAULT_MAX_LEASES = 10
@@ -53,7 +53,7 @@ class Mode(enum.StrEnum):
 
 
 class Phase(enum.StrEnum):
-    """The one-word summary in `status.phase` (derivation: SPEC §3)."""
+    """The one-word summary in `status.phase` (derivation: docs/reference.md)."""
 
     PENDING = "Pending"
     PROVISIONING = "Provisioning"

@@ -1,4 +1,4 @@
-"""Pure derived values of a Proxy (SPEC §3): effective host and port, defaults, health."""
+"""Pure derived values of a Proxy (docs/reference.md): effective host and port, defaults, health."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The Proxy resource (SPEC §3) as frozen attrs values.
+"""The Proxy resource (docs/reference.md) as frozen attrs values.
 
 Python names are snake_case; the camelCase wire names are the converter's
 business (`egressd.model.convert`), so nothing outside the model sees a raw
@@ -65,7 +65,7 @@ class Endpoint:
 
 @attrs.frozen
 class HealthCheck:
-    """How the health engine probes a proxy (SPEC §3 and §6)."""
+    """How the health engine probes a proxy (docs/reference.md, docs/architecture.md)."""
 
     probe_url: str = DEFAULT_PROBE_URL
     interval_seconds: int = attrs.field(default=DEFAULT_INTERVAL_SECONDS, kw_only=True)
@@ -115,7 +115,7 @@ class Cooldown:
 
 @attrs.frozen
 class ProxyStatus:
-    """The observed state the reconciler and health engine write (SPEC §3)."""
+    """The observed state the reconciler and health engine write (docs/reference.md)."""
 
     phase: Phase | None = None
     provider_id: str | None = attrs.field(default=None, kw_only=True)
@@ -125,7 +125,7 @@ class ProxyStatus:
     observed_generation: int | None = attrs.field(default=None, kw_only=True)
     latency_ms: int | None = attrs.field(default=None, kw_only=True)
     last_health_check_time: datetime | None = attrs.field(default=None, kw_only=True)
-    # Keyed by target site; GLOBAL_COOLDOWN_KEY ("*") blocks every target (SPEC §7).
+    # Keyed by target site; GLOBAL_COOLDOWN_KEY ("*") blocks every target (docs/reference.md).
     cooldowns: Mapping[str, Cooldown] = attrs.field(
         factory=FrozenDict, converter=freeze_map, kw_only=True
     )

@@ -1,4 +1,4 @@
-"""Providers create and delete instances; they know nothing of Proxy (SPEC §4).
+"""Providers create and delete instances; they know nothing of Proxy (docs/providers.md).
 
 The contract, error kinds and naming are re-exported here; the concrete
 providers (`kubernetes`, `gcp`) and the config/registry are imported from

@@ -1,4 +1,4 @@
-"""The providers config (`--providers-config FILE`, SPEC §4), parsed strictly.
+"""The providers config (`--providers-config FILE`, docs/providers.md), parsed strictly.
 
 Every mistake is collected, not just the first, each with its path inside the
 file (`providers[1].gcp.zonee: unknown field`), so one `egressd check-config`
@@ -249,7 +249,7 @@ def parse_providers_config(text: str) -> ProvidersConfig:
 
 
 def load_providers_config(path: str) -> ProvidersConfig:
-    """Read and parse the providers config file at `path` (SPEC §4)."""
+    """Read and parse the providers config file at `path` (docs/providers.md)."""
     try:
         with open(path, encoding="utf-8") as f:
             text = f.read()

@@ -1,4 +1,4 @@
-"""The provider contract (SPEC §4): the `Provider` protocol and the values it trades in.
+"""The provider contract (docs/providers.md): the `Provider` protocol and the values it trades in.
 
 A provider creates, reads, deletes and lists instances; it knows nothing of
 `Proxy`. Every value here is frozen; errors live in `errors.py`, naming and
@@ -46,7 +46,7 @@ class Placement:
 class CreateRequest:
     """What `Provider.create` makes: an instance named `name` listening on `port`.
 
-    `cloud_init` is never part of the repr: it may hold credentials (SPEC §8).
+    `cloud_init` is never part of the repr: it may hold credentials (docs/reference.md).
     """
 
     name: str
@@ -66,7 +66,7 @@ def _ip_when_running(instance: Instance, attribute: attrs.Attribute[str | None],
 class Instance:
     """One instance as a provider sees it.
 
-    Invariant (SPEC §4): a Running instance has an ip; one without an address
+    Invariant (docs/providers.md): a Running instance has an ip; one without an address
     yet is Provisioning.
     """
 

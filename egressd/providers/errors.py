@@ -1,4 +1,4 @@
-"""The error kinds every provider raises, so callers handle them by kind (SPEC §4).
+"""The error kinds every provider raises, so callers handle them by kind (docs/providers.md).
 
 A provider maps its library's errors to these once, at its boundary. Callers
 branch with `isinstance` (or the predicates below), never on a message:
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from egressd.errors import EgressdError
 
-# SPEC §4: "QuotaExceeded (retry after 5 min)".
+# docs/providers.md: "QuotaExceeded (retry after 5 min)".
 QUOTA_RETRY_AFTER = 300.0
 
 
@@ -102,7 +102,7 @@ def is_quota(exc: BaseException) -> bool:
 
 
 def is_transient(exc: BaseException) -> bool:
-    """True for every error that is not NotFound, Permanent or QuotaExceeded (SPEC §4).
+    """True for every error that is not NotFound, Permanent or QuotaExceeded (docs/providers.md).
 
     An unmapped exception counts as transient: backing off is the safe default.
     """

@@ -1,4 +1,4 @@
-"""The GCP provider: one Compute Engine VM per instance (SPEC §4).
+"""The GCP provider: one Compute Engine VM per instance (docs/providers.md).
 
 The VM's cloud-init (metadata `user-data`) installs the proxy; this module
 only creates, reads, deletes and lists VMs through google-api-python-client
@@ -70,7 +70,7 @@ _LABEL_RE = re.compile(r"^[a-z0-9_-]{0,63}$")
 
 # Error reasons (HTTP errors' `errors[].reason` and `details[].reason`,
 # operations' `errors[].code`) meaning "out of quota or capacity": retry in
-# 5 min, not in a second (SPEC §4). A resource quota answers 403 quotaExceeded
+# 5 min, not in a second (docs/providers.md). A resource quota answers 403 quotaExceeded
 # ("Quota 'CPUS' exceeded") or an insert operation fails with QUOTA_EXCEEDED;
 # a stock-out fails the operation with ZONE_RESOURCE_POOL_EXHAUSTED[_WITH_DETAILS]
 # (httpErrorStatusCode 503).
@@ -81,7 +81,7 @@ _QUOTA_REASONS = frozenset({
 # The API's per-minute request limits: 403 rateLimitExceeded ("Quota exceeded
 # for quota group 'ReadGroup' and limit 'Read requests per 100 seconds'") or
 # 429 RESOURCE_EXHAUSTED with reason rateLimitExceeded. The window is a minute
-# or so, so these are transient (SPEC §4: 429 → transient), not a 5-min quota.
+# or so, so these are transient (docs/providers.md: 429 → transient), not a 5-min quota.
 _RATE_REASONS = frozenset({
     "rateLimitExceeded", "userRateLimitExceeded", "RATE_LIMIT_EXCEEDED",
     "RESOURCE_OPERATION_RATE_EXCEEDED",
@@ -184,7 +184,7 @@ def _network_url(value: str, kind: str) -> str:
 
 
 def insert_body(config: GcpConfig, request: CreateRequest, target: Target) -> dict[str, Any]:
-    """The `instances.insert` body for `request` (pure; SPEC §4).
+    """The `instances.insert` body for `request` (pure; docs/providers.md).
 
     One NIC with a one-to-one NAT access config (the external egress IP), the
     cloud-init as `user-data` metadata, the GC labels and the network tags.
@@ -217,7 +217,7 @@ def insert_body(config: GcpConfig, request: CreateRequest, target: Target) -> di
 
 
 def instance_state(status: str, nat_ip: str | None) -> InstanceState:
-    """SPEC §4's mapping; RUNNING without a NAT IP is still Provisioning."""
+    """docs/providers.md's mapping; RUNNING without a NAT IP is still Provisioning."""
     state = STATES.get(status, InstanceState.PROVISIONING)
     if state is InstanceState.RUNNING and not nat_ip:
         return InstanceState.PROVISIONING
@@ -296,7 +296,7 @@ _METADATA_VALUE = re.compile(r"(field '[^']*metadata[^']*'): '.*'", re.DOTALL)
 
 
 def redact(text: str, secret: str) -> str:
-    """`text` with every trace of `secret` (a cloud-init) replaced (SPEC §8).
+    """`text` with every trace of `secret` (a cloud-init) replaced (docs/reference.md).
 
     Compute Engine echoes an invalid field's value in its message ("Invalid
     value for field 'resource.metadata': '...'"), raw or JSON-escaped and

@@ -1,4 +1,4 @@
-"""The kubernetes provider: one Squid Pod per instance (SPEC §4), for development and CI.
+"""The kubernetes provider: one Squid Pod per instance (docs/providers.md), for development and CI.
 
 The Pod is the only object: its `squid.conf` is generated here (`squid_conf`,
 a pure function), passed in the `SQUID_CONF` env var and written at
@@ -168,7 +168,7 @@ def pod_manifest(config: KubernetesConfig, request: CreateRequest) -> dict[str, 
 
 
 def instance_state(pod: Mapping[str, Any]) -> InstanceState:
-    """SPEC §4: Pending → Provisioning; Running with a Pod IP → Running (else
+    """docs/providers.md: Pending → Provisioning; Running with a Pod IP → Running (else
     Provisioning); Succeeded / Failed / Unknown → Terminated. A Pod being
     deleted is Terminated: it is on its way out whatever its phase.
     """

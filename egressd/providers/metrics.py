@@ -1,4 +1,4 @@
-"""Counts and times every provider call by provider, operation and result (SPEC §8).
+"""Counts and times every provider call by provider, operation and result (docs/reference.md).
 
 Applied once, by the registry, around each configured provider, so no
 provider records its own metrics and none can forget to.

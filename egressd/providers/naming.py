@@ -1,4 +1,4 @@
-"""Deterministic instance names and the GC label set (SPEC §4).
+"""Deterministic instance names and the GC label set (docs/providers.md).
 
 The name depends only on the Proxy's uid and spec hash, so a crash between
 create and the status write re-finds the same instance and a replacement gets

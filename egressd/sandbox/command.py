@@ -1,4 +1,4 @@
-"""`egressd sandbox`: the whole system on one machine, no cluster, no internet (SPEC §11).
+"""`egressd sandbox`: the whole system on one machine, no cluster, no internet (docs/reference.md).
 
 The full sandbox runs, in this one process and one nursery: the fake API
 server (HTTPS, with the CRD), the local kubelet (Pods of the kubernetes

@@ -1,4 +1,4 @@
-"""The sandbox's stand-in for a kubelet: Pods become real proxy processes on loopback (SPEC §11).
+"""The sandbox's stand-in for a kubelet: Pods become real proxy processes on loopback.
 
     kubelet = LocalKubelet(client, namespace="egressd-proxies", software=software,
                            addresses=AddressPool())

@@ -1,4 +1,4 @@
-"""Real forward-proxy processes on loopback for the sandbox: Squid, else tinyproxy (SPEC §11).
+"""Real forward-proxy processes on loopback for the sandbox: Squid, else tinyproxy.
 
     software = find_proxy_software()                 # ProxySoftwareMissing names the package
     async with open_local_proxy(software, host="127.0.0.10", port=3128) as proxy:

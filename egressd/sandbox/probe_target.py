@@ -1,4 +1,4 @@
-"""The sandbox's local TLS probe target: `GET /generate_204` answers 204 (SPEC §11).
+"""The sandbox's local TLS probe target: `GET /generate_204` answers 204 (docs/reference.md).
 
     target = ProbeTargetServer()
     url = await nursery.start(target.serve)     # https://127.0.0.1:PORT/generate_204

@@ -46,7 +46,7 @@ class ServerNotRunning(RuntimeError):
 
 
 class FakeApiServer:
-    """An in-process Kubernetes API server with real semantics (SPEC §12)."""
+    """An in-process Kubernetes API server with real semantics (docs/architecture.md)."""
 
     def __init__(self, *, token: str | None = None, install_proxy_crd: bool = True,
                  crds: list[dict[str, Any]] | None = None, history_limit: int = 1000,
