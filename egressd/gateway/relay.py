@@ -64,6 +64,14 @@ async def _splice(src: trio.SocketStream, dst: trio.SocketStream) -> AsyncGenera
     await. One reader and one writer per socket at a time, as trio requires:
     this direction only reads `src` and writes `dst`.
     """
+    # The first chunk is copied: most tunnels that end at once (a refused TLS
+    # handshake, a short answer) then never pay for a pipe (six syscalls).
+    data = await src.receive_some(BUFFER)
+    if not data:
+        return
+    yield 0
+    await dst.send_all(data)
+    yield len(data)
     src_fd, dst_fd = src.socket.fileno(), dst.socket.fileno()
     pipe_r, pipe_w = os.pipe()
     try:
