@@ -29,6 +29,7 @@ from benchlib.procs import (
     Daemon,
     Nginx,
     ProxyProcess,
+    cpu_seconds,
     free_port,
     pin,
     pin_tree,
@@ -37,6 +38,7 @@ from benchlib.procs import (
     start_daemon,
     wait_port,
 )
+from benchlib.profile import top_costs
 from benchlib.wrk import WrkResult, run_wrk, write_script
 from egressd.health.probe import make_ssl_context
 from egressd.kube.client import KubeClient, open_client
@@ -191,11 +193,20 @@ class Run:
     bare_port: int = 0
     results: dict[str, Any] = attrs.field(factory=dict)
 
-    async def start_daemon(self) -> float:
+    async def start_daemon(self, *, profile: Path | None = None) -> float:
         self.daemon = start_daemon(
             kubeconfig=self.kubeconfig, token_file=self.token_file, ca_file=self.env.ca_file,
             core=self.env.cores.server, workdir=self.env.workdir)
-        return await wait_ready(self.daemon)
+        if profile is None:
+            return await wait_ready(self.daemon)
+        # py-spy attaches within a few ms of the exec: the start's profile, imports on.
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(functools.partial(
+                trio.run_process, _spy_command(self.daemon.pid, 6, profile),
+                capture_stdout=True, capture_stderr=True, check=False))
+            took = await wait_ready(self.daemon)
+        self.results.setdefault("profile", {})["start"] = str(profile)
+        return took
 
     @property
     def url(self) -> str:
@@ -279,7 +290,9 @@ async def _grow(run: Run) -> None:
         if size == p6_size:
             say(f"P6: restarting the daemon with {size:,} proxies")
             results["p6_stop_s"] = round(run.daemon.stop(), 3)
-            results["p6_start_s"] = round(await run.start_daemon(), 3)
+            profile = (Path(env.args.profile) / "daemon-start.txt" if env.args.profile
+                       else None)
+            results["p6_start_s"] = round(await run.start_daemon(profile=profile), 3)
             results["p6_size"] = size
     largest = env.args.sizes[-1]
     say(f"P9 gateway throughput at {largest:,} proxies")
@@ -298,23 +311,31 @@ async def _step(run: Run, namespace: str, size: int) -> None:
                   proxy_port=env.squid.port, probe_url=env.probe_url, zone=i % 4)
             for i in range(size)]
     writes, others = run.fleet.status_writes, run.fleet.other_writes
+    assert run.daemon is not None
+    cpu_bench, cpu_daemon = time.process_time(), cpu_seconds(run.daemon.pid)
     start = time.perf_counter()
     await run.fleet.create(run.client, objs)
     created = time.perf_counter()
     with trio.fail_after(600):
         leasable = await run.fleet.wait_leasable(namespace, size)
     status_writes = run.fleet.status_writes - writes
+    # Who was busy: this process is the fake API server (and the creating client).
+    cpu_bench, cpu_daemon = (time.process_time() - cpu_bench,
+                             cpu_seconds(run.daemon.pid) - cpu_daemon)
     await _quiet(run)
     row = {"size": size, "seconds": round(leasable - start, 2),
            "create_seconds": round(created - start, 2),
            "writes_per_proxy": round(status_writes / size, 2),
            "writes_per_proxy_settled": round((run.fleet.status_writes - writes) / size, 2),
-           "other_writes_per_proxy": round((run.fleet.other_writes - others) / size, 2)}
+           "other_writes_per_proxy": round((run.fleet.other_writes - others) / size, 2),
+           "apiserver_cpu_s": round(cpu_bench, 2), "daemon_cpu_s": round(cpu_daemon, 2)}
     run.results["p4_rows"].append(row)
     if size == P6_SIZE or "p4_seconds" not in run.results:
         run.results["p4_seconds"] = row["seconds"]
         run.results["p4_create_seconds"] = row["create_seconds"]
         run.results["p4_writes_per_proxy"] = row["writes_per_proxy"]
+        run.results["p4_apiserver_cpu_s"] = row["apiserver_cpu_s"]
+        run.results["p4_daemon_cpu_s"] = row["daemon_cpu_s"]
         run.results["p4_size"] = size
 
 
@@ -453,22 +474,27 @@ async def _watchdog_window(run: Run, namespace: str, size: int) -> None:
         await _profile(run, Path(run.env.args.profile))
 
 
+def _spy_command(pid: int, seconds: int, output: Path, fmt: str = "raw") -> list[str]:
+    spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    return [spy, "record", "--pid", str(pid), "--duration", str(seconds), "--rate", "200",
+            "--format", fmt, "--output", str(output), "--nonblocking"]
+
+
 async def _profile(run: Run, directory: Path) -> None:
     """py-spy on the daemon during one more lease run (needs ptrace; root here)."""
     assert run.daemon is not None
-    spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
     seconds = max(3, round(run.env.args.seconds))
     outputs = {"raw": directory / "daemon-largest.txt",
                "speedscope": directory / "daemon-largest.speedscope.json"}
     async with trio.open_nursery() as nursery:
         for fmt, path in outputs.items():
             nursery.start_soon(functools.partial(
-                trio.run_process, [spy, "record", "--pid", str(run.daemon.pid), "--duration",
-                                   str(seconds), "--rate", "200", "--format", fmt,
-                                   "--output", str(path), "--nonblocking"],
+                trio.run_process, _spy_command(run.daemon.pid, seconds, path, fmt),
                 capture_stdout=True, capture_stderr=True, check=False))
         await wrk(run.env, run.url, 64, seconds=seconds + 1)
-    run.results["profile"] = {fmt: str(path) for fmt, path in outputs.items()}
+    run.results.setdefault("profile", {}).update(
+        {fmt: str(path) for fmt, path in outputs.items()})
+    run.results["profile_top"] = top_costs(outputs["raw"].read_text(), top=12)
 
 
 def _summarise(results: dict[str, Any]) -> None:

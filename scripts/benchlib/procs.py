@@ -75,6 +75,12 @@ def rss_kb(pid: int) -> int:
     raise RuntimeError(f"no VmRSS for {pid}")
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds `pid` has used (/proc/PID/stat)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def wait_port(port: int, *, proc: subprocess.Popen[bytes] | None = None,
               timeout: float = 15.0) -> None:
     deadline = time.monotonic() + timeout

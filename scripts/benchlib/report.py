@@ -85,7 +85,9 @@ def _beside(key: str, results: dict[str, Any]) -> str:
     if key == "p9_throughput_ratio" and "p9_squid_mb_s" in results:
         return f"{results['p9_gateway_mb_s']:,.0f} vs {results['p9_squid_mb_s']:,.0f} MB/s"
     if key == "p4_seconds" and "p4_create_seconds" in results:
-        return f"creating took {results['p4_create_seconds']:.1f} s of it"
+        return (f"creating took {results['p4_create_seconds']:.1f} s of it; CPU: fake API "
+                f"server {results.get('p4_apiserver_cpu_s', 0):.1f} s, daemon "
+                f"{results.get('p4_daemon_cpu_s', 0):.1f} s")
     return ""
 
 
@@ -109,7 +111,8 @@ def markdown(results: dict[str, Any]) -> str:
             f"| {r['p99_ms_8']:.1f} | {r['bare_p99_ms_8']:.1f} "
             f"| {results['p2_http_ms'].get(str(size), 0):.2f} "
             f"| {results['p2_store_ms'].get(str(size), 0) * 1000:.0f} "
-            f"| {w.get('seconds', 0):.1f} | {w.get('writes_per_proxy', 0):.2f} "
+            f"| {w.get('seconds', 0):.1f}{' (seeded)' if w.get('seeded') else ''} "
+            f"| {w.get('writes_per_proxy', 0):.2f} "
             f"| {m.get('rss_mb', 0):.0f} | {m.get('kb_per_proxy', 0):.1f} "
             f"| {r['lag_p99_ms']:.1f} / {r['lag_max_ms']:.0f} "
             f"| {r['bare_lag_p99_ms']:.1f} / {r['bare_lag_max_ms']:.0f} |")
@@ -142,8 +145,12 @@ def plot(results: dict[str, Any], path: Path) -> None:
     ax.set_yscale("log")
     ax.legend()
     ax = axes[1][0]
-    p4 = results["p4_rows"]
+    p4 = [r for r in results["p4_rows"] if not r.get("seeded")]
+    seeded = [r for r in results["p4_rows"] if r.get("seeded")]
     ax.plot([r["size"] for r in p4], [r["seconds"] for r in p4], "o-", label="seconds")
+    if seeded:
+        ax.plot([r["size"] for r in seeded], [r["seconds"] for r in seeded], "x", color="C0",
+                markersize=10, label="seeded Ready: until all listed")
     ax.set_title("P4 create N External Proxies → all leasable")
     ax.set_ylabel("seconds")
     twin = ax.twinx()
