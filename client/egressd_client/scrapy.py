@@ -126,6 +126,7 @@ class _Domain:
         self.lock = asyncio.Lock()
         self.lease: Lease | None = None
         self.last_used = 0.0  # loop time of the last request or response
+        self.retired: list[Lease] = []  # banned leases, released once replaced
 
 
 class EgressdMiddleware:
@@ -201,7 +202,8 @@ class EgressdMiddleware:
     async def spider_closed(self, spider: Spider) -> None:
         if self._sweeper is not None:
             self._sweeper.cancel()
-        leases = [d.lease for d in self.domains.values() if d.lease is not None]
+        leases = [lease for d in self.domains.values()
+                  for lease in ([d.lease] if d.lease else []) + d.retired]
         self.domains.clear()
         limit = asyncio.Semaphore(RELEASE_CONCURRENCY)
 
@@ -223,6 +225,8 @@ class EgressdMiddleware:
                     if now - d.last_used > self.idle_release and not d.lock.locked()]
             for name, domain in idle:
                 del self.domains[name]
+                for lease in domain.retired:
+                    await self._release(lease)
                 if domain.lease is not None:
                     self._inc("leases/idle_released")
                     await self._release(domain.lease)
@@ -285,7 +289,12 @@ class EgressdMiddleware:
                 self._inc("leases/renewed")
                 lease = None
             if lease is None:
-                lease = domain.lease = await self._acquire(name)
+                try:
+                    lease = domain.lease = await self._acquire(name)
+                finally:
+                    retired, domain.retired = domain.retired, []
+                    for old in retired:
+                        await self._release(old)
             return lease
 
     async def _drop(self, name: str, lease: Lease, result: Result,
@@ -302,7 +311,12 @@ class EgressdMiddleware:
                         lease.proxy.key, exc)
         domain = self.domains.get(name)
         if domain is not None and domain.lease is not None and domain.lease.id == lease.id:
+            # Held until the replacement is granted: egressd prefers the proxies with
+            # the fewest active leases, so the next lease lands elsewhere even when the
+            # report set no cooldown (proxy_error).
             domain.lease = None
+            domain.retired.append(lease)
+        else:
             await self._release(lease)
         log.info("egressd: %s on %s for %s; moving to another proxy", result.value,
                  lease.proxy.key, name)

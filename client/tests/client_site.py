@@ -6,7 +6,7 @@ proxy has its own egress address, like the fleet's distinct egress IPs).
     /limited       429 with Retry-After: 7
     /banned        403, "Access denied"
     /slow          never answers (the client's timeout fires)
-    /crawl/N       (served on CRAWL_HOST too) a page linking to /crawl/0 … /crawl/PAGES-1;
+    /crawl/N       (on CRAWL_HOST) a page linking to /crawl/0 … /crawl/PAGES-1;
                    the first egress address that fetches a crawl page is rate-limited
                    (429, Retry-After 30) from its second crawl request on, the second
                    is banned (403) from its second on, every other address gets 200
@@ -22,7 +22,9 @@ import trio
 
 PAGES = 12
 CRAWL_HOST = "127.0.0.77"
-SPARE_HOST = "127.0.0.78"  # a third site name, for a test that bans every proxy
+# More names for the same site: cooldowns are per host name, so a test that bans
+# proxies for one name leaves the others' tests alone.
+SITE_NAMES = (CRAWL_HOST, "127.0.0.78", "127.0.0.79")
 LIMITED_RETRY_AFTER = 7
 
 
@@ -36,8 +38,7 @@ class Hit:
 @dataclass
 class Site:
     port: int = 0
-    crawl_port: int = 0
-    spare_port: int = 0
+    ports: dict[str, int] = field(default_factory=dict)  # the other addresses it serves on
     hits: list[Hit] = field(default_factory=list)
     crawl_peers: list[str] = field(default_factory=list)
     crawl_counts: dict[str, int] = field(default_factory=dict)
@@ -85,12 +86,10 @@ class Site:
                     ) -> None:
         listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
         self.port = listeners[0].socket.getsockname()[1]
-        # The crawl's own address: cooldowns are per host name, and no other test uses it.
-        crawl = await trio.open_tcp_listeners(0, host=CRAWL_HOST)
-        self.crawl_port = crawl[0].socket.getsockname()[1]
-        spare = await trio.open_tcp_listeners(0, host=SPARE_HOST)
-        self.spare_port = spare[0].socket.getsockname()[1]
-        listeners += crawl + spare
+        for host in SITE_NAMES:
+            more = await trio.open_tcp_listeners(0, host=host)
+            self.ports[host] = more[0].socket.getsockname()[1]
+            listeners += more
         async with trio.open_nursery() as nursery:
             await nursery.start(trio.serve_listeners, self._handle, listeners)
             task_status.started(self)

@@ -18,7 +18,7 @@ from typing import Any
 
 import httpx
 import trio
-from client_site import CRAWL_HOST, SPARE_HOST, Site
+from client_site import CRAWL_HOST, Site
 
 from egressd.app import DaemonAddresses, Inputs, load_inputs, run_daemon
 from egressd.kube.client import open_client
@@ -65,11 +65,11 @@ class World:
 
     @property
     def crawl_url(self) -> str:
-        return f"http://{CRAWL_HOST}:{self.site.crawl_port}"
+        return self.url_at(CRAWL_HOST)
 
-    @property
-    def spare_url(self) -> str:
-        return f"http://{SPARE_HOST}:{self.site.spare_port}"
+    def url_at(self, host: str) -> str:
+        """The site under another of its names (SITE_NAMES)."""
+        return f"http://{host}:{self.site.ports[host]}"
 
     def proxy_by_egress(self, address: str) -> TestProxy:
         return next(p for p in self.proxies if p.egress == address)

@@ -229,3 +229,19 @@ def test_an_https_egressd_with_a_private_ca(scripted: tuple[Scripted, str], tmp_
     with Client(https, token="t", retry=FAST) as trusting:
         trusting.release("L1")
     assert state.seen == ["DELETE /v1/leases/L1"]
+
+
+def test_the_distribution_needs_httpx_only() -> None:
+    import importlib.metadata
+    import subprocess
+    import sys
+
+    requires = importlib.metadata.requires("egressd-client") or []
+    assert [r for r in requires if "extra ==" not in r] == ["httpx<1,>=0.27"]
+    # Importing the client pulls in neither egressd, trio nor Scrapy.
+    probe = ("import sys, egressd_client, egressd_client.cli; "
+             "print(sorted({'egressd', 'trio', 'scrapy', 'twisted', 'requests'} & "
+             "{m.split('.')[0] for m in sys.modules}))")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         check=True, timeout=30).stdout
+    assert out.strip() == "[]"

@@ -206,14 +206,34 @@ def test_a_request_waits_until_a_proxy_is_free(world: World, tmp_path: Path) -> 
 def test_a_page_banned_everywhere_reaches_the_errback_not_the_callback(
     world: World, tmp_path: Path,
 ) -> None:
-    result, log = crawl(tmp_path, [f"{world.spare_url}/banned"],
+    url = world.url_at("127.0.0.78") + "/banned"
+    result, log = crawl(tmp_path, [url],
                         {**egressd_settings(world), "EGRESSD_MAX_BAN_RETRIES": 1})
     assert result["reason"] == "finished", log[-3000:]
     assert result["delivered"] == []
-    assert result["failed"] == [{"url": f"{world.spare_url}/banned",
+    assert result["failed"] == [{"url": url,
                                  "error": "BanRetriesExhausted"}]
     peers = [h.peer for h in world.site.hits_for("/banned") if h.status == 403]
     assert len(set(peers[-2:])) == 2  # tried on two different proxies
     assert result["stats"]["egressd/bans/banned"] == 2
     assert result["stats"]["egressd/retries_exhausted"] == 1
+    assert world.active_leases() == 0
+
+
+def test_a_timeout_is_counted_as_proxy_error_and_retried_elsewhere(
+    world: World, tmp_path: Path,
+) -> None:
+    # scrapy-rotating-proxies#65: timeouts that were never counted.
+    before = world.reports("proxy_error")
+    url = world.url_at("127.0.0.79") + "/slow"
+    result, log = crawl(tmp_path, [url], {
+        **egressd_settings(world), "EGRESSD_MAX_BAN_RETRIES": 1, "DOWNLOAD_TIMEOUT": 1,
+        "RETRY_ENABLED": False})
+    assert result["reason"] == "finished", log[-3000:]
+    assert result["failed"] == [{"url": url,
+                                 "error": "BanRetriesExhausted"}]
+    assert result["stats"]["egressd/bans/proxy_error"] == 2
+    assert world.reports("proxy_error") == before + 2
+    peers = [h.peer for h in world.site.hits_for("/slow")][-2:]
+    assert len(set(peers)) == 2  # the retry went through another proxy
     assert world.active_leases() == 0
