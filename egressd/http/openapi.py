@@ -38,6 +38,17 @@ class Reply:
     """Defaults to application/json when there is a body."""
     headers: Mapping[str, str] = attrs.field(factory=dict)
     """Header name → description (always sent with this answer)."""
+    links: Mapping[str, Link] = attrs.field(factory=dict)
+    """Operations a client may call next with a value from this answer (OpenAPI links)."""
+
+
+@attrs.frozen(kw_only=True)
+class Link:
+    """An OpenAPI link: `operation_id` takes `parameters` (name → runtime expression)."""
+
+    operation_id: str
+    parameters: Mapping[str, str]
+    description: str = ""
 
 
 @attrs.frozen(kw_only=True)
@@ -78,6 +89,14 @@ ERRORS: Mapping[int, Reply] = {
 
 LEASE_ID = Param(name="leaseId", type=str, where="path")
 
+_BY_LEASE_ID = {"leaseId": "$response.body#/leaseId"}
+_LEASE_LINKS = {
+    "report": Link(operation_id="postLeasesLeaseIdReport", parameters=_BY_LEASE_ID,
+                   description="report what the client saw through the leased proxy"),
+    "release": Link(operation_id="deleteLeasesLeaseId", parameters=_BY_LEASE_ID,
+                    description="give the lease back"),
+}
+
 OPERATIONS: tuple[Operation, ...] = (
     Operation(method="get", path="/healthz", summary="liveness; needs no token",
               authenticated=False,
@@ -98,7 +117,7 @@ OPERATIONS: tuple[Operation, ...] = (
         replies={200: Reply(description="the matching proxies", body=ProxyList)}),
     Operation(
         method="post", path="/v1/leases", summary="lease a proxy", body=LeaseRequest,
-        replies={201: Reply(description="leased", body=LeaseGrant),
+        replies={201: Reply(description="leased", body=LeaseGrant, links=_LEASE_LINKS),
                  409: Reply(description="no matching proxy is free", body=NoProxyAvailable)}),
     Operation(
         method="delete", path="/v1/leases/{leaseId}", summary="give a lease back (idempotent)",
@@ -119,6 +138,11 @@ def _reply(reply: Reply, components: dict[str, Schema]) -> Schema:
         if reply.body is not None:
             media["schema"] = schema_of(codec, reply.body, components, writing=True)
         out["content"] = {content_type: media}
+    if reply.links:
+        out["links"] = {
+            name: {"operationId": link.operation_id, "parameters": dict(link.parameters),
+                   **({"description": link.description} if link.description else {})}
+            for name, link in reply.links.items()}
     if reply.headers:
         out["headers"] = {
             name: {"description": text, "required": True, "schema": {"type": "string"}}
