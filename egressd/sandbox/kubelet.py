@@ -25,12 +25,12 @@ import re
 import socket
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
-from datetime import UTC, datetime
 from typing import Any
 
 import attrs
 import trio
 
+from egressd import timestamps
 from egressd.backoff import Backoff, Retries
 from egressd.errors import EgressdError
 from egressd.kube.client import KubeClient
@@ -162,7 +162,7 @@ def allowed_sources(pod: Mapping[str, Any]) -> tuple[str, ...]:
 
 
 def _now() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return timestamps.now(precision="seconds")
 
 
 def running_status(pod: Mapping[str, Any], proxy: LocalProxy) -> Obj:
