@@ -4,4 +4,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh
+echo "sandbox.sh: starting egressd sandbox (the guide follows once every sample is Ready)..." >&2
 exec .venv/bin/egressd sandbox "$@"
