@@ -577,3 +577,33 @@ async def test_the_daemon_replaces_a_deleted_pod_from_its_pod_watch(
             await wait_for(pods, f"pods/{name}", lambda o: (
                 o["metadata"]["uid"] != first["metadata"]["uid"]))
             nursery.cancel_scope.cancel()
+
+
+def _listen_backlog(url: str) -> int:
+    """The backlog the socket behind `url` listens with (`ss` shows it as Send-Q)."""
+    port = url.rsplit(":", 1)[1]
+    fields = subprocess.run(["ss", "-Hltn", f"sport = :{port}"], capture_output=True,
+                            text=True, check=True, timeout=10).stdout.split()
+    assert fields[0] == "LISTEN", fields
+    return int(fields[2])
+
+
+async def test_listen_backlog_reaches_the_discovery_and_metrics_sockets(
+        kubeconfig: str) -> None:
+    with trio.fail_after(20):
+        async with trio.open_nursery() as nursery:
+            addrs: DaemonAddresses = await nursery.start(functools.partial(
+                run_daemon, daemon_inputs(kubeconfig, "--listen-backlog", "77"), environ={}))
+            assert _listen_backlog(addrs.discovery_url) == 77
+            assert _listen_backlog(addrs.metrics_url) == 77
+            nursery.cancel_scope.cancel()
+        async with trio.open_nursery() as nursery:
+            addrs = await nursery.start(functools.partial(
+                run_daemon, daemon_inputs(kubeconfig), environ={}))
+            # The default, 1024, unless the kernel's somaxconn is lower.
+            assert _listen_backlog(addrs.discovery_url) == min(1024, _somaxconn())
+            nursery.cancel_scope.cancel()
+
+
+def _somaxconn() -> int:
+    return int(Path("/proc/sys/net/core/somaxconn").read_text().strip())
