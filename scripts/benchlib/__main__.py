@@ -75,10 +75,13 @@ def machine(cores: Cores) -> dict[str, Any]:
             break
     placement = (f"server on core {cores.server}, load on core {cores.load}" if cores.pinned
                  else "not pinned")
+    load = os.getloadavg()[0]
     return {"cpus": cpus, "cpu_model": model, "python": platform.python_version(),
+            "loadavg_at_start": round(load, 2),
             "placement": placement, "commit": _git_commit(),
             "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-            "summary": f"{cpus} cores, {placement}, commit {_git_commit()}"}
+            "summary": f"{cpus} cores, {placement}, commit {_git_commit()}, "
+                       f"load average {load:.1f} at start"}
 
 
 async def run(args: argparse.Namespace, cores: Cores, workdir: Path) -> dict[str, Any]:
@@ -113,6 +116,8 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="egressd-bench-") as tmp:
         results = trio.run(run, args, cores, Path(tmp))
     results["bench_seconds"] = round(time.perf_counter() - started, 1)
+    # A shared machine's other work shows here (2 = both cores busy without us).
+    results["machine"]["loadavg_at_end"] = round(os.getloadavg()[0], 2)
     Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
     table = markdown(results)
     print(table)

@@ -13,7 +13,7 @@ import trio
 from egressd.backoff import Backoff, Retries
 from egressd.kube.client import KubeClient, open_client
 from egressd.kube.config import KubeConfig, load_config
-from egressd.kube.informer import Informer
+from egressd.kube.informer import REPLACE_BATCH, Informer
 from egressd.kube.resources import SECRETS
 from egressd.metrics import REGISTRY
 from egressd.sandbox.apiserver import FakeApiServer
@@ -301,3 +301,33 @@ async def test_a_watch_that_never_answers_is_reopened(kube_config: KubeConfig,
     assert stuck == 0
     assert restarts("inactive") >= inactive + 2
     assert informer.lists == 1
+
+
+async def test_a_large_list_lets_other_tasks_run_between_handler_batches(
+        kube_client: KubeClient, apiserver: FakeApiServer, nursery: trio.Nursery) -> None:
+    # Handlers of a list run in batches with a checkpoint between (a relist of a
+    # large fleet must not stall the loop for its whole handler work).
+    total = 2 * REPLACE_BATCH + 50
+    for i in range(total):
+        apiserver.create(secret(f"s{i:04d}"))
+    informer = fast_informer(label_selector=f"{LABEL}=true")
+    added: list[str] = []
+    first = trio.Event()
+
+    def on_add(obj: dict[str, Any]) -> None:
+        added.append(obj["metadata"]["name"])
+        first.set()
+
+    informer.add_handler(on_add=on_add)
+    seen_by_other_task: list[int] = []
+
+    async def other_task() -> None:
+        await first.wait()
+        seen_by_other_task.append(len(added))
+
+    nursery.start_soon(other_task)
+    with trio.fail_after(30):
+        await nursery.start(informer.run, kube_client)
+    assert len(added) == total
+    # It ran at a checkpoint between two batches, not after the whole list.
+    assert seen_by_other_task and seen_by_other_task[0] in (REPLACE_BATCH, 2 * REPLACE_BATCH)
