@@ -107,7 +107,7 @@ class AsyncClient:
                 if response.status_code >= 500:
                     raise EgressdUnavailable(
                         f"egressd at {_wire.safe_url(self.config.url)} answered "
-                        f"{response.status_code} {policy.attempts} times")
+                        f"{response.status_code} ({attempt + 1} tries)")
                 _wire.check(response, base_url=self.config.url)
                 return response
             retry_after = _wire.parse_retry_after(response.headers.get("Retry-After"))

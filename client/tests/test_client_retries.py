@@ -113,7 +113,7 @@ def test_persistent_5xx_is_one_clear_error(scripted: tuple[Scripted, str]) -> No
     state.script = [(503, {}, {})] * 3
     with Client(url, token="t", retry=FAST) as egressd, pytest.raises(EgressdUnavailable) as e:
         egressd.acquire()
-    assert "answered 503 3 times" in str(e.value)
+    assert "answered 503 (3 tries)" in str(e.value)
     assert len(state.seen) == 3
 
 
@@ -245,3 +245,23 @@ def test_the_distribution_needs_httpx_only() -> None:
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                          check=True, timeout=30).stdout
     assert out.strip() == "[]"
+
+
+async def test_the_async_client_retries_and_times_out_like_the_sync_one(
+    scripted: tuple[Scripted, str],
+) -> None:
+    import trio
+    from egressd_client import AsyncClient
+
+    state, url = scripted
+    with trio.fail_after(10):
+        state.script = [(503, {}, {}), (502, {}, {}), (201, LEASE, {})]
+        async with AsyncClient(url, token="t", retry=FAST) as egressd:
+            assert (await egressd.acquire()).proxy.key == "default/p1"
+        assert len(state.seen) == 3
+        state.seen.clear()
+        state.script = [(HANG, None, {}), (201, LEASE, {})]
+        async with AsyncClient(url, token="t", timeout=0.3, retry=FAST) as egressd:
+            with pytest.raises(EgressdUnavailable, match="ReadTimeout"):
+                await egressd.acquire()
+        assert state.seen == ["POST /v1/leases"]
