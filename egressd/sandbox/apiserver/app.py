@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 import trio
 
-from egressd.sandbox.apiserver import discovery, reads, reviews
+from egressd.sandbox.apiserver import discovery, rbac, reads, reviews
 from egressd.sandbox.apiserver.errors import (
     ApiError,
     method_not_allowed,
@@ -53,6 +53,9 @@ class ApiApp:
         self._now = now
         self._address = address
         self.authorizer: reviews.Authorizer = reviews.AllowAll()
+        self.rbac: rbac.RbacAuthorizer | None = None
+        # Bearer tokens other than the server's own: service-account tokens.
+        self.tokens: dict[str, reviews.User] = {}
         self.registry = Registry()
         self.writer = Writer(store, self.registry, now=now)
         self.verbs = Verbs(self.writer, now=now)
@@ -116,26 +119,48 @@ class ApiApp:
             return error_response(ApiError(500, "InternalError",
                                            f"Internal error occurred: {exc!r}"))
 
-    def _user(self, request: Request) -> reviews.User:
-        """The caller its (already checked) bearer token names."""
-        return reviews.ADMIN
+    def enable_rbac(self) -> rbac.RbacAuthorizer:
+        """Authorize every request by the stored Roles, ClusterRoles and bindings."""
+        self.rbac = rbac.RbacAuthorizer(self.store)
+        self.authorizer = self.rbac
+        return self.rbac
 
-    def _authorized(self, request: Request) -> bool:
-        header = request.headers.get("authorization", "")
-        scheme, _, given = header.partition(" ")
-        return scheme.lower() == "bearer" and hmac.compare_digest(
-            given.strip().encode(), self._token().encode())
+    def _user(self, request: Request) -> reviews.User | None:
+        """The caller its bearer token names (None: no valid token, a 401)."""
+        scheme, _, given = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer":
+            return None
+        token = given.strip().encode()
+        found = reviews.ADMIN if hmac.compare_digest(token, self._token().encode()) else None
+        for known, user in self.tokens.items():  # every one compared: constant time
+            if hmac.compare_digest(token, known.encode()):
+                found = user
+        return found
+
+    def _authorize(self, user: reviews.User, request: Request, target: Target | None,
+                   parts: list[str], *, is_watch: bool) -> None:
+        if self.rbac is None:
+            return
+        attributes = _attributes(request, target, parts, is_watch=is_watch)
+        if not self.rbac.allowed(user, attributes)[0]:
+            details = {"kind": attributes.resource, "group": attributes.group}
+            if attributes.name:
+                details["name"] = attributes.name
+            raise ApiError(403, "Forbidden", rbac.forbidden_message(user, attributes),
+                           details=details)
 
     async def _handle(self, request: Request) -> Response | Stream:
         path = request.path.rstrip("/") or "/"
         if path in _PUBLIC:
             return (json_response(200, discovery.VERSION) if path == "/version"
                     else Response(200, b"ok", content_type="text/plain"))
-        if not self._authorized(request):
+        user = self._user(request)
+        if user is None:
             raise unauthorized()
         parts = [p for p in path.split("/") if p]
         target = route(parts, self.registry)
         is_watch = request.flag("watch")
+        self._authorize(user, request, target, parts, is_watch=is_watch)
         fault = self.faults.take(request, resource=target.rt.plural if target else None,
                                  is_watch=is_watch)
         if fault is not None:
@@ -168,7 +193,8 @@ class ApiApp:
             if target.rt.namespaced and target.namespace is None:
                 raise method_not_allowed(method)
             if target.rt.review:
-                return reviews.answer(target.rt, request, user=self._user(request),
+                return reviews.answer(target.rt, request,
+                                      user=self._user(request) or reviews.ADMIN,
                                       authorizer=self.authorizer)
             return self.verbs.create(target, request)
         if target.rt.review:
@@ -193,3 +219,24 @@ class ApiApp:
         if method == "DELETE" and target.subresource is None:
             return self.verbs.delete(target, request)
         raise method_not_allowed(method)
+
+
+_VERBS = {"POST": "create", "PUT": "update", "PATCH": "patch"}
+
+
+def _attributes(request: Request, target: Target | None, parts: list[str], *,
+                is_watch: bool) -> reviews.Attributes:
+    """The request as RBAC sees it: verb, group, resource, namespace, name (or a path)."""
+    if target is None:
+        return reviews.Attributes(verb=request.method.lower(), path="/" + "/".join(parts))
+    if request.method in _VERBS:
+        verb = _VERBS[request.method]
+    elif request.method == "DELETE":
+        verb = "delete" if target.name else "deletecollection"
+    elif is_watch:
+        verb = "watch"
+    else:
+        verb = "get" if target.name else "list"
+    return reviews.Attributes(verb=verb, group=target.rt.group, resource=target.rt.plural,
+                              subresource=target.subresource or "",
+                              namespace=target.namespace or "", name=target.name or "")

@@ -94,6 +94,14 @@ BUILTINS: tuple[ResourceType, ...] = (
     _builtin("apiextensions.k8s.io", "v1", "customresourcedefinitions",
              "customresourcedefinition", "CustomResourceDefinition", namespaced=False,
              short=("crd", "crds"), status=True, categories=("api-extensions",)),
+    _builtin("", "v1", "serviceaccounts", "serviceaccount", "ServiceAccount", namespaced=True,
+             short=("sa",)),
+    *(_builtin("rbac.authorization.k8s.io", "v1", plural, kind.lower(), kind,
+               namespaced=namespaced)
+      for plural, kind, namespaced in (
+          ("roles", "Role", True), ("rolebindings", "RoleBinding", True),
+          ("clusterroles", "ClusterRole", False),
+          ("clusterrolebindings", "ClusterRoleBinding", False))),
     *(attrs.evolve(_builtin(group, "v1", plural, kind.lower(), kind, namespaced=False),
                    verbs=("create",))
       for group, plural, kind in (

@@ -29,7 +29,9 @@ from egressd.sandbox.apiserver.app import ApiApp
 from egressd.sandbox.apiserver.crd import proxy_crd
 from egressd.sandbox.apiserver.errors import not_found
 from egressd.sandbox.apiserver.faults import Faults
+from egressd.sandbox.apiserver.rbac import RbacAuthorizer
 from egressd.sandbox.apiserver.resources import ResourceType
+from egressd.sandbox.apiserver.reviews import User
 from egressd.sandbox.apiserver.store import Obj, Store
 from egressd.sandbox.apiserver.tls import Identity, kubeconfig, write_private
 from egressd.sandbox.apiserver.wire import serve_connection
@@ -143,6 +145,20 @@ class FakeApiServer:
         """Switch to a new token; the old one is refused (401) from now on."""
         self.token = secrets.token_urlsafe(24)
         return self.token
+
+    def service_account_token(self, namespace: str, name: str) -> str:
+        """A bearer token that authenticates as ServiceAccount `namespace/name`."""
+        token = secrets.token_urlsafe(24)
+        self.app.tokens[token] = User(
+            f"system:serviceaccount:{namespace}:{name}",
+            ("system:serviceaccounts", f"system:serviceaccounts:{namespace}",
+             "system:authenticated"))
+        return token
+
+    def enable_rbac(self) -> RbacAuthorizer:
+        """Authorize requests by the stored RBAC objects (the server's own token stays a
+        cluster admin); the returned authorizer knows which grants were used."""
+        return self.app.enable_rbac()
 
     def client_ssl_context(self) -> ssl.SSLContext:
         """An SSLContext trusting this server's CA."""
