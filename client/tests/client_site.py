@@ -24,7 +24,7 @@ PAGES = 12
 CRAWL_HOST = "127.0.0.77"
 # More names for the same site: cooldowns are per host name, so a test that bans
 # proxies for one name leaves the others' tests alone.
-SITE_NAMES = (CRAWL_HOST, "127.0.0.78", "127.0.0.79")
+SITE_NAMES = (CRAWL_HOST, "127.0.0.78", "127.0.0.79", "127.0.0.80")
 LIMITED_RETRY_AFTER = 7
 
 

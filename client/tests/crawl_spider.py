@@ -20,6 +20,17 @@ from scrapy.http import Response
 from twisted.python.failure import Failure
 
 
+class NotFoundIsBan:
+    """A ban policy of a site's own (EGRESSD_BAN_POLICY = "__main__.NotFoundIsBan"): its
+    ban page is a 404."""
+
+    def response_is_ban(self, request: scrapy.Request, response: Response) -> bool:
+        return response.status == 404
+
+    def exception_is_ban(self, request: scrapy.Request, exception: BaseException) -> bool:
+        return False
+
+
 class Crawl(scrapy.Spider):
     name = "egressd-test"
     # Every status reaches the callback unless a middleware keeps it away: a ban

@@ -237,3 +237,18 @@ def test_a_timeout_is_counted_as_proxy_error_and_retried_elsewhere(
     peers = [h.peer for h in world.site.hits_for("/slow")][-2:]
     assert len(set(peers)) == 2  # the retry went through another proxy
     assert world.active_leases() == 0
+
+
+def test_a_ban_policy_of_ones_own(world: World, tmp_path: Path) -> None:
+    url = world.url_at("127.0.0.80") + "/no-such-page"
+    result, log = crawl(tmp_path, [url], {
+        **egressd_settings(world), "EGRESSD_MAX_BAN_RETRIES": 1,
+        "EGRESSD_BAN_POLICY": "__main__.NotFoundIsBan"})
+    assert result["reason"] == "finished", log[-3000:]
+    assert result["delivered"] == []  # the 404 is this site's ban page: never delivered
+    assert result["failed"] == [{"url": url, "error": "BanRetriesExhausted"}]
+    assert result["stats"]["egressd/bans/banned"] == 2
+    banned = [v["name"] for v in world.proxy_views()
+              if v["cooldowns"].get("127.0.0.80", {}).get("reason") == "banned"]
+    assert len(banned) == 2
+    assert world.active_leases() == 0
