@@ -96,6 +96,7 @@ class Gateway:
             raise ConfigError("the gateway needs a discovery token: it is never an open proxy")
         self._fleet = fleet
         self._store = store
+        fleet.feed(store)  # the store chooses among the fleet's leasable proxies
         self._token = token
         self._cfg = config
         self._sessions = sessions if sessions is not None else Sessions(idle=300.0)
@@ -294,19 +295,19 @@ class Gateway:
         if session is not None:
             kept = self._sessions.proxy(session)
             if kept is not None and kept not in tried:
-                found = self._fleet.candidates(opts.selector, only=kept)
-                if found.candidates:
-                    outcome = await self._store.acquire(found.candidates, target=target, ttl=ttl)
-                    if isinstance(outcome, Grant):
-                        return outcome
-        found = self._fleet.candidates(opts.selector, exclude=tried)
-        outcome = await self._store.acquire(found.candidates, target=target, ttl=ttl)
+                outcome = await self._store.acquire(
+                    opts.selector, target=target, ttl=ttl, only=kept)
+                if isinstance(outcome, Grant):
+                    return outcome
+        outcome = await self._store.acquire(opts.selector, target=target, ttl=ttl,
+                                            exclude=tried)
         if isinstance(outcome, Grant):
             return outcome
         # The discovery API's 409 breakdown: every match that is not leasable is unhealthy.
+        considered = self._fleet.count(opts.selector)
         return answers.no_proxy(
-            considered=found.considered,
-            unhealthy=found.considered - len(tried) - outcome.considered,
+            considered=considered,
+            unhealthy=considered - len(tried) - outcome.considered,
             at_capacity=outcome.at_capacity, in_cooldown=outcome.in_cooldown)
 
     async def _report_taken(self, opened: Opened, target: str) -> None:

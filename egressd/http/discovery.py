@@ -1,13 +1,18 @@
 """The discovery API (docs/reference.md): list proxies, acquire, release and report on leases.
 
-A Quart-Trio app over a `ProxySource` (the informer cache) and a `LeaseStore`
-(the interface, never the concrete store). Every error, including unknown
-routes and wrong methods, is `{"error": code, "message": text}`.
+A Quart-Trio app over a `ProxyCache` (the informer cache, indexed) and a
+`LeaseStore` (the interface, never the concrete store), whose candidates the
+cache keeps in step. No route walks the fleet: an acquire is the store's
+indexed choice, a listing with a selector walks the matches of its smallest
+term with each proxy's view encoded once per version. Every error, including
+unknown routes and wrong methods, is `{"error": code, "message": text}`.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import math
 
 from quart import Response, request
 from quart_trio import QuartTrio
@@ -15,31 +20,28 @@ from quart_trio import QuartTrio
 from egressd.http import middleware
 from egressd.http.common import json_response, new_app, no_content, reply
 from egressd.http.openapi import document
-from egressd.http.source import ProxySource
+from egressd.http.source import ProxyCache
 from egressd.http.wire import (
     ApiError,
     Health,
-    ProxyList,
+    codec,
+    cooldowns_view,
     grant_view,
-    leasable,
-    matches,
     parse_bool,
     parse_lease_request,
     parse_report_request,
     parse_selector,
-    proxy_view,
 )
-from egressd.leases import Candidate, Grant, LeaseStore, UnknownLeaseError
-from egressd.model.helpers import is_healthy, max_leases
-from egressd.model.proxy import Proxy
+from egressd.leases import Grant, LeaseStore, Refusal, UnknownLeaseError, Usage
+from egressd.model.helpers import is_healthy
 
 log = logging.getLogger(__name__)
 
 LIST_PARAMS = ("selector", "healthy")
 
 
-def create_discovery_app(  # noqa: C901 -- its owner splits it (issue 10)
-    source: ProxySource,
+def create_discovery_app(
+    source: ProxyCache,
     *,
     store: LeaseStore,
     default_ttl: float,
@@ -48,6 +50,7 @@ def create_discovery_app(  # noqa: C901 -- its owner splits it (issue 10)
 ) -> QuartTrio:
     """The discovery app, its middleware installed. `token=None` serves unauthenticated."""
     app = new_app("egressd.discovery")
+    source.feed(store)
     if token is None:
         log.warning(
             "DISCOVERY API IS UNAUTHENTICATED: no DISCOVERY_TOKEN or --discovery-token-file "
@@ -65,60 +68,30 @@ def create_discovery_app(  # noqa: C901 -- its owner splits it (issue 10)
 
     @app.get("/v1/proxies")
     async def list_proxies() -> Response:
-        unknown = sorted(set(request.args) - set(LIST_PARAMS))
-        if unknown:
-            raise ApiError("invalid_query", f"unknown query parameter(s) {', '.join(unknown)}")
-        selectors = request.args.getlist("selector")
-        if len(selectors) > 1:
-            raise ApiError("invalid_selector", "give selector once: selector=k=v,k2=v2")
-        selector = parse_selector(selectors[0] if selectors else "")
-        healthy_args = request.args.getlist("healthy")
-        if len(healthy_args) > 1:
-            raise ApiError("invalid_query", "give healthy once")
-        healthy = parse_bool(healthy_args[0], "healthy") if healthy_args else None
-        # In key order already (the source keeps it): no sort per request.
+        selector, healthy = _list_query()
         chosen = [
-            p for p in source.proxies()
-            if matches(p, selector) and (healthy is None or (is_healthy(p) is True) is healthy)
+            p for p in source.select(selector)
+            if healthy is None or (is_healthy(p) is True) is healthy
         ]
         usage = await store.usage(p.key for p in chosen)
-        return reply(ProxyList(tuple(proxy_view(p, usage.get(p.key)) for p in chosen)))
+        items = ",".join(source.view_prefix(p) + _per_request(usage.get(p.key)) for p in chosen)
+        return Response(f'{{"items":[{items}]}}', status=200, content_type="application/json")
 
     @app.post("/v1/leases")
     async def acquire() -> Response:
         req = parse_lease_request(
             await _body(), default_ttl=default_ttl, max_ttl=max_ttl)
-        considered = 0
-        by_key: dict[str, Proxy] = {}
-        selector = req.selector
-        for proxy in source.proxies():
-            if selector and not matches(proxy, selector):
-                continue
-            considered += 1
-            if leasable(proxy):
-                by_key[proxy.key] = proxy
-        candidates = (
-            Candidate(key=key, max_leases=max_leases(p.spec), latency_ms=p.status.latency_ms)
-            for key, p in by_key.items()
-        )
-        outcome = await store.acquire(candidates, target=req.target, ttl=req.ttl)
+        outcome = await store.acquire(req.selector, target=req.target, ttl=req.ttl)
         if not isinstance(outcome, Grant):
-            raise ApiError(
-                "no_proxy_available",
-                "no proxy matching the selector is free for this target",
-                status=409,
-                extra={
-                    "considered": considered,
-                    # Every match that is not leasable: unhealthy, unprobed, hostless, deleting.
-                    "unhealthy": considered - outcome.considered,
-                    "atCapacity": outcome.at_capacity,
-                    "inCooldown": outcome.in_cooldown,
-                },
-            )
+            return _no_proxy(outcome, considered=source.count(req.selector))
         lease = outcome.lease
+        proxy = source.get(lease.key)
+        # The store's candidates are the cache's leasable proxies, changed in step with it
+        # and with no await between the choice and here.
+        assert proxy is not None
         usage = (await store.usage([lease.key])).get(lease.key)
         return reply(grant_view(
-            by_key[lease.key], usage, lease_id=lease.id, expires_at=lease.expires_at,
+            proxy, usage, lease_id=lease.id, expires_at=lease.expires_at,
             active_leases=outcome.active_leases), 201)
 
     @app.delete("/v1/leases/<lease_id>")
@@ -139,6 +112,56 @@ def create_discovery_app(  # noqa: C901 -- its owner splits it (issue 10)
 
     app.asgi_app = middleware.wrap(app.asgi_app, token=token)  # type: ignore[method-assign,assignment]
     return app
+
+
+def _list_query() -> tuple[dict[str, str], bool | None]:
+    """The selector and healthy filter of `GET /v1/proxies`, each given at most once."""
+    unknown = sorted(set(request.args) - set(LIST_PARAMS))
+    if unknown:
+        raise ApiError("invalid_query", f"unknown query parameter(s) {', '.join(unknown)}")
+    selectors = request.args.getlist("selector")
+    if len(selectors) > 1:
+        raise ApiError("invalid_selector", "give selector once: selector=k=v,k2=v2")
+    selector = parse_selector(selectors[0] if selectors else "")
+    healthy_args = request.args.getlist("healthy")
+    if len(healthy_args) > 1:
+        raise ApiError("invalid_query", "give healthy once")
+    healthy = parse_bool(healthy_args[0], "healthy") if healthy_args else None
+    return selector, healthy
+
+
+_IDLE = ',"activeLeases":0,"cooldowns":{}}'
+
+
+def _per_request(usage: Usage | None) -> str:
+    """The end of an encoded proxyView: the fields the lease store knows now."""
+    if usage is None:
+        return _IDLE
+    cooldowns = json.dumps(codec.unstructure(cooldowns_view(usage.cooldowns)),
+                           separators=(",", ":"))
+    return f',"activeLeases":{usage.active_leases},"cooldowns":{cooldowns}}}'
+
+
+def _no_proxy(refusal: Refusal, *, considered: int) -> Response:
+    """The 409, with Retry-After when some match's lease or cooldown will end."""
+    error = ApiError(
+        "no_proxy_available",
+        "no proxy matching the selector is free for this target",
+        status=409,
+        extra={
+            "considered": considered,
+            # Every match that is not leasable: unhealthy, unprobed, hostless, not Ready.
+            "unhealthy": considered - refusal.considered,
+            "atCapacity": refusal.at_capacity,
+            "inCooldown": refusal.in_cooldown,
+        },
+    )
+    response = json_response(error.body(), error.status)
+    if refusal.retry_after is not None:
+        # Whole seconds (RFC 9110 delay-seconds), at least 1: retrying at 0 would only
+        # meet the same refusal.
+        response.headers["Retry-After"] = str(max(1, math.ceil(refusal.retry_after)))
+    return response
 
 
 async def _body() -> bytes:

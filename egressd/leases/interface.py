@@ -9,7 +9,7 @@ seconds since the epoch.
 from __future__ import annotations
 
 import enum
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
 from typing import Protocol
 
 import attrs
@@ -35,11 +35,15 @@ class Result(enum.Enum):
 
 @attrs.frozen(kw_only=True)
 class Candidate:
-    """A proxy the caller has already found leasable (healthy, with a host, not deleting)."""
+    """A proxy the cache has found leasable (phase Ready, healthy, a host, not deleting).
+
+    `attributes` are what selectors match on (`spec.attributes`).
+    """
 
     key: str
     max_leases: int
     latency_ms: float | None = None
+    attributes: Mapping[str, str] = attrs.field(factory=dict)
 
 
 @attrs.frozen(kw_only=True)
@@ -65,12 +69,16 @@ class Refusal:
     """Why no candidate was granted: each candidate counts in at most one bucket.
 
     A candidate in cooldown counts in `in_cooldown` even if it is also full, so
-    `considered == at_capacity + in_cooldown` whenever acquire refuses.
+    `considered == at_capacity + in_cooldown` (the leasable candidates the
+    selector matched) whenever acquire refuses. `retry_after` is the seconds
+    until the soonest end of a lease or cooldown among them, None if none will
+    end (no match, or maxLeases 0).
     """
 
     considered: int
     at_capacity: int
     in_cooldown: int
+    retry_after: float | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -114,12 +122,36 @@ class UnknownLeaseError(EgressdError):
 
 
 class LeaseStore(Protocol):
-    """Leases and cooldowns, as the discovery API sees them."""
+    """Leases and cooldowns, as the discovery API sees them.
+
+    The store keeps the leasable candidates itself, fed by the Proxy cache on
+    every change (`put_candidate`, `remove_candidate`: plain calls, made from
+    informer handlers), so an acquire never walks the fleet.
+    """
+
+    def put_candidate(self, candidate: Candidate) -> None:
+        """Add or replace a leasable candidate (a cache event said it is leasable)."""
+        ...
+
+    def remove_candidate(self, key: str) -> None:
+        """The proxy is gone or not leasable any more; its leases stay until they end."""
+        ...
 
     async def acquire(
-        self, candidates: Iterable[Candidate], *, target: str, ttl: float
+        self, selector: Mapping[str, str], *, target: str, ttl: float,
+        exclude: Collection[str] = (), only: str | None = None,
     ) -> Grant | Refusal:
-        """Grant the best candidate for `target` (`""` = none) for `ttl` seconds, or refuse."""
+        """Grant the best candidate whose attributes match `selector` for `target`
+        (`""` = none) for `ttl` seconds, or refuse.
+
+        Order: fewest active leases, then lowest latency (unknown last), then key.
+        `exclude` (a few keys) are passed over and counted in no refusal bucket;
+        `only` grants that one candidate or refuses.
+        """
+        ...
+
+    async def lease(self, lease_id: str) -> Lease | None:
+        """The lease while it is active (not expired, not released), else None."""
         ...
 
     async def release(self, lease_id: str) -> None:

@@ -1,16 +1,21 @@
 """The in-memory lease store: selection, leases with a TTL, cooldowns (docs/reference.md).
 
 It knows nothing of Kubernetes or of `Proxy` (import-linter forbids both): the
-caller hands it plain `Candidate` values it has already filtered for health.
+Proxy cache hands it plain `Candidate` values, already filtered for health, on
+every change (`put_candidate`, `remove_candidate`), and it keeps them in a
+`CandidateIndex` ordered as the API selects (docs/reference.md).
 
 Time is wall-clock seconds from an injected `clock` (tests derive it from trio's
 mock clock). Expiry is decided on every read against that clock, so a lease's
 TTL frees its slot even if the sweeper never runs; the sweeper (`run`) only
 forgets what nobody can ask about any more.
 
-Cost per call: acquire is one pass over the candidates (no sort); active leases
-are per-proxy counters kept up to date by a heap of expiry times, so no call
-scans all leases.
+Cost per call: no call scans the fleet, the leases or the cooldowns. An
+acquire reads the first free candidate of the selector's smallest bucket
+(O(log n); what bounds the walk past cooled-down entries is written in
+`egressd.leases.index`); active leases are per-proxy counters kept up to date
+by a heap of expiry times, cooldowns end by a heap of end times
+(`egressd.leases.cooldowns`), and each change moves one candidate in the index.
 """
 
 from __future__ import annotations
@@ -20,12 +25,14 @@ import logging
 import math
 import secrets
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 
 import attrs
 import trio
 
 from egressd import metrics
+from egressd.leases.cooldowns import CooldownBook
+from egressd.leases.index import Blocked, CandidateIndex, Load
 from egressd.leases.interface import (
     GLOBAL,
     Candidate,
@@ -37,7 +44,6 @@ from egressd.leases.interface import (
     Result,
     UnknownLeaseError,
     Usage,
-    outlasts,
 )
 from egressd.settings import Settings
 
@@ -97,8 +103,10 @@ class MemoryLeaseStore:
         self._expiry: list[tuple[float, str]] = []
         # (forget_at, lease id) of inactive leases, for the sweeper.
         self._forget: list[tuple[float, str]] = []
-        self._cooldowns: dict[str, dict[str, Cooldown]] = {}
-        self._cooldown_count = 0
+        # Per proxy, (expires_at, lease id) of its leases: the soonest end of a full proxy.
+        self._ends: dict[str, list[tuple[float, str]]] = {}
+        self._cooldowns = CooldownBook()
+        self._index = CandidateIndex()
 
     @classmethod
     def from_settings(
@@ -119,10 +127,20 @@ class MemoryLeaseStore:
         """The store's wall clock, in seconds since the epoch."""
         return self._clock()
 
+    # --- the candidates, fed by the Proxy cache -----------------------------------------
+
+    def put_candidate(self, candidate: Candidate) -> None:
+        self._expire(self._clock())
+        self._index.put(candidate, self._load(candidate.key))
+
+    def remove_candidate(self, key: str) -> None:
+        self._index.remove(key)
+
     # --- LeaseStore (no method awaits before its state change is done) --------------
 
     async def acquire(
-        self, candidates: Iterable[Candidate], *, target: str, ttl: float
+        self, selector: Mapping[str, str], *, target: str, ttl: float,
+        exclude: Collection[str] = (), only: str | None = None,
     ) -> Grant | Refusal:
         """Select the best candidate and insert its lease in one step.
 
@@ -132,37 +150,31 @@ class MemoryLeaseStore:
             raise ValueError(f"ttl must be positive, got {ttl!r}")
         now = self._clock()
         self._expire(now)
-        considered = at_capacity = in_cooldown = 0
-        best: Candidate | None = None
-        best_rank: tuple[int, bool, float, str] | None = None
-        cooling = bool(self._cooldowns)  # most acquires meet no cooldown at all
-        for cand in candidates:
-            considered += 1
-            if cooling and self._cooling(cand.key, target, now):
-                in_cooldown += 1
-                continue
-            active = self._active.get(cand.key, 0)
-            if active >= cand.max_leases:
-                at_capacity += 1
-                continue
-            latency = cand.latency_ms
-            rank = (active, latency is None, 0.0 if latency is None else latency, cand.key)
-            if best_rank is None or rank < best_rank:
-                best, best_rank = cand, rank
-        if best is None:
-            reason = _refusal_reason(considered, at_capacity, in_cooldown)
+        choice = self._index.choose(selector, cooling=self._cooldowns.cooling(target),
+                                    exclude=exclude, only=only)
+        if isinstance(choice, Blocked):
+            considered = choice.in_cooldown + choice.at_capacity
+            reason = _refusal_reason(considered, choice.at_capacity, choice.in_cooldown)
             metrics.LEASES_REFUSED.labels(reason).inc()
-            return Refusal(considered=considered, at_capacity=at_capacity, in_cooldown=in_cooldown)
-        lease = Lease(
-            id=secrets.token_urlsafe(24), key=best.key, target=target, expires_at=now + ttl
-        )
+            retry_after = None if choice.ready_at is None else max(0.0, choice.ready_at - now)
+            return Refusal(considered=considered, at_capacity=choice.at_capacity,
+                           in_cooldown=choice.in_cooldown, retry_after=retry_after)
+        key = choice
+        lease = Lease(id=secrets.token_urlsafe(24), key=key, target=target, expires_at=now + ttl)
         self._leases[lease.id] = _Record(lease=lease)
         heapq.heappush(self._expiry, (lease.expires_at, lease.id))
-        active = self._active.get(best.key, 0) + 1
-        self._active[best.key] = active
+        heapq.heappush(self._ends.setdefault(key, []), (lease.expires_at, lease.id))
+        active = self._active.get(key, 0) + 1
+        self._active[key] = active
+        self._index.update(key, self._load(key))
         metrics.LEASES_GRANTED.inc()
         metrics.LEASES_ACTIVE.inc()
         return Grant(lease=lease, active_leases=active)
+
+    async def lease(self, lease_id: str) -> Lease | None:
+        self._expire(self._clock())
+        rec = self._leases.get(lease_id)
+        return rec.lease if rec is not None and rec.active else None
 
     async def release(self, lease_id: str) -> None:
         now = self._clock()
@@ -219,8 +231,7 @@ class MemoryLeaseStore:
         out: dict[str, Usage] = {}
         for key in keys:
             active = self._active.get(key, 0)
-            cds = self._cooldowns.get(key)
-            live = {t: c for t, c in cds.items() if c.until > now} if cds else {}
+            live = self._cooldowns.of(key, now)
             if active or live:
                 out[key] = Usage(active_leases=active, cooldowns=live)
         return out
@@ -240,13 +251,12 @@ class MemoryLeaseStore:
 
     def cooldowns(self, key: str) -> Mapping[str, Cooldown]:
         """The cooldowns of one proxy still in force, by target (`""` = global)."""
-        now = self._clock()
-        return {t: c for t, c in self._cooldowns.get(key, {}).items() if c.until > now}
+        return self._cooldowns.of(key, self._clock())
 
     # --- garbage collection ---------------------------------------------------------------
 
     def collect(self) -> None:
-        """Forget leases past their retention window and cooldowns past their end."""
+        """Forget leases past their retention window (and, through `_expire`, cooldowns)."""
         now = self._clock()
         self._expire(now)
         while self._forget and self._forget[0][0] <= now:
@@ -254,13 +264,6 @@ class MemoryLeaseStore:
             rec = self._leases.get(lease_id)
             if rec is not None and not rec.active and rec.forget_at <= now:
                 del self._leases[lease_id]
-        for key, cds in list(self._cooldowns.items()):
-            for target in [t for t, c in cds.items() if c.until <= now]:
-                del cds[target]
-                self._cooldown_count -= 1
-                metrics.COOLDOWNS_ACTIVE.dec()
-            if not cds:
-                del self._cooldowns[key]
 
     async def run(self, *, interval: float | None = None,
                   task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -286,6 +289,8 @@ class MemoryLeaseStore:
             rec = self._leases.get(lease_id)
             if rec is not None and rec.active:
                 self._deactivate(rec, forget_at=expires_at + self._retention)
+        for key in self._cooldowns.expire(now):  # their global cooldown ended
+            self._index.update(key, self._load(key))
 
     def _deactivate(self, rec: _Record, *, forget_at: float) -> None:
         rec.active = False
@@ -297,34 +302,28 @@ class MemoryLeaseStore:
             self._active[key] = left
         else:
             del self._active[key]
+            del self._ends[key]
         metrics.LEASES_ACTIVE.dec()
+        self._index.update(key, self._load(key))
 
-    def _cooling(self, key: str, target: str, now: float) -> bool:
-        # docs/reference.md: a global cooldown blocks every acquire; a target's only acquires for
-        # that target; an acquire without a target sees only global cooldowns.
-        cds = self._cooldowns.get(key)
-        if not cds:
-            return False
-        glob = cds.get(GLOBAL)
-        if glob is not None and glob.until > now:
-            return True
-        if target:
-            own = cds.get(target)
-            if own is not None and own.until > now:
-                return True
-        return False
+    def _load(self, key: str) -> Load:
+        """The candidate's place in the index: its leases, global cooldown and soonest end."""
+        soonest = math.inf
+        ends = self._ends.get(key)
+        while ends:
+            rec = self._leases.get(ends[0][1])
+            if rec is not None and rec.active:
+                soonest = ends[0][0]
+                break
+            heapq.heappop(ends)  # released early: its expiry no longer counts
+        return Load(active=self._active.get(key, 0),
+                    cooled_until=self._cooldowns.global_until(key), soonest_end=soonest)
 
     def _set_cooldown(self, cd: Cooldown) -> Cooldown:
-        cds = self._cooldowns.setdefault(cd.key, {})
-        old = cds.get(cd.target)
-        if not outlasts(cd, old):
-            assert old is not None
-            return old
-        if old is None:
-            self._cooldown_count += 1
-            metrics.COOLDOWNS_ACTIVE.inc()
-        cds[cd.target] = cd
-        return cd
+        kept = self._cooldowns.set(cd)
+        if kept is cd and cd.target == GLOBAL:
+            self._index.update(cd.key, self._load(cd.key))
+        return kept
 
 
 def _refusal_reason(considered: int, at_capacity: int, in_cooldown: int) -> str:

@@ -155,9 +155,8 @@ async def test_no_proxy_is_503_with_retry_after_and_the_breakdown(squid: ProxyPr
     ]
     with trio.fail_after(10):
         async with running_gateway(proxies) as gw:
-            grant = await gw.store.acquire(
-                [c for c in gw.gateway._fleet.candidates({}).candidates
-                 if c.key == "crawl/cool"], target="shop.example", ttl=60)
+            grant = await gw.store.acquire({}, target="shop.example", ttl=60,
+                                           only="crawl/cool")
             assert isinstance(grant, Grant)
             await gw.store.report(grant.lease.id, result=Result.BANNED)
             await gw.store.release(grant.lease.id)

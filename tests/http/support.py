@@ -1,7 +1,7 @@
 """Test support for the HTTP layer: an in-memory ProxySource, Proxy builders, a live server.
 
-`MemorySource` is an honest stand-in for the informer cache: a dict of Proxy
-values plus a `synced` event, nothing more. Proxies are built from their wire
+`MemorySource` is the daemon's own `ProxyCache` (index, views, candidate feed)
+filled by hand instead of by the informer. Proxies are built from their wire
 form with the model's own `parse_proxy`, as the informer would.
 """
 
@@ -17,6 +17,7 @@ import trio
 
 from egressd.http.discovery import create_discovery_app
 from egressd.http.serve import serve_app
+from egressd.http.source import ProxyCache
 from egressd.leases.interface import CooldownHook
 from egressd.leases.store import MemoryLeaseStore
 from egressd.model.convert import parse_proxy
@@ -31,27 +32,15 @@ def trio_wall() -> float:
     return EPOCH + trio.current_time()
 
 
-class MemorySource:
-    """A ProxySource over a plain dict."""
+class MemorySource(ProxyCache):
+    """The daemon's own ProxyCache, filled by hand instead of by an informer."""
 
     def __init__(self, proxies: Iterable[Proxy] = (), *, synced: bool = True) -> None:
-        self._proxies = {p.key: p for p in proxies}
-        self._synced = trio.Event()
+        super().__init__()
+        for proxy in proxies:
+            self.put(proxy)
         if synced:
-            self._synced.set()
-
-    @property
-    def synced(self) -> trio.Event:
-        return self._synced
-
-    def proxies(self) -> Iterable[Proxy]:
-        return [self._proxies[key] for key in sorted(self._proxies)]
-
-    def get(self, key: str) -> Proxy | None:
-        return self._proxies.get(key)
-
-    def put(self, proxy: Proxy) -> None:
-        self._proxies[proxy.key] = proxy
+            self.synced.set()
 
 
 def make_proxy(

@@ -90,8 +90,14 @@ async def replica(client: KubeClient, wall: Wall) -> AsyncIterator[
         nursery.cancel_scope.cancel()
 
 
+async def acquire(store: MemoryLeaseStore, key: str, target: str) -> Grant | Refusal:
+    """Offer the proxy `key` to the store as the Proxy cache would, and acquire it alone."""
+    store.put_candidate(Candidate(key=key, max_leases=10, attributes={"key": key}))
+    return await store.acquire({"key": key}, target=target, ttl=60)
+
+
 async def lease(store: MemoryLeaseStore, key: str, target: str = "") -> str:
-    outcome = await store.acquire([Candidate(key=key, max_leases=10)], target=target, ttl=60)
+    outcome = await acquire(store, key, target)
     assert isinstance(outcome, Grant), outcome
     return outcome.lease.id
 
@@ -120,8 +126,7 @@ async def test_report_restart_cooldown_still_holds(
             assert restored[""] == cd_global
             assert restored["shop.example"] == cd_target
             for target in ("", "shop.example", "other.example"):
-                refused = await second.acquire(
-                    [Candidate(key="default/a", max_leases=10)], target=target, ttl=60)
+                refused = await acquire(second, "default/a", target)
                 assert isinstance(refused, Refusal) and refused.in_cooldown == 1
 
 
@@ -139,8 +144,7 @@ async def test_second_replica_sees_reports_and_reports_never_overwrite(
                              result=Result.BANNED)
             await seen_by_two.until("default/a", lambda c: set(c) == {"x.example", "y.example"})
             assert set(two.cooldowns("default/a")) == {"x.example", "y.example"}
-            refused = await two.acquire(
-                [Candidate(key="default/a", max_leases=10)], target="x.example", ttl=60)
+            refused = await acquire(two, "default/a", "x.example")
             assert isinstance(refused, Refusal) and refused.in_cooldown == 1
 
 
