@@ -130,7 +130,8 @@ class MemoryLeaseStore:
     # --- the candidates, fed by the Proxy cache -----------------------------------------
 
     def put_candidate(self, candidate: Candidate) -> None:
-        self._expire(self._clock())
+        # No clock read: a lease or cooldown that ended meanwhile moves the candidate at the
+        # next call's `_expire`, before any choice is made.
         self._index.put(candidate, self._load(candidate.key))
 
     def remove_candidate(self, key: str) -> None:
