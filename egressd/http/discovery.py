@@ -27,6 +27,7 @@ from egressd.http.wire import (
     codec,
     cooldowns_view,
     grant_view,
+    lease_view,
     parse_bool,
     parse_lease_request,
     parse_report_request,
@@ -93,6 +94,17 @@ def create_discovery_app(
         return reply(grant_view(
             proxy, usage, lease_id=lease.id, expires_at=lease.expires_at,
             active_leases=outcome.active_leases), 201)
+
+    @app.get("/v1/leases/<lease_id>")
+    async def show_lease(lease_id: str) -> Response:
+        lease = await store.lease(lease_id)
+        proxy = None if lease is None else source.get(lease.key)
+        if lease is None or proxy is None:  # a Proxy deleted while leased has nothing to show
+            raise ApiError("unknown_lease", "no such lease (never issued, expired or released)",
+                           status=404)
+        usage = (await store.usage([lease.key])).get(lease.key)
+        return reply(lease_view(proxy, usage, lease_id=lease.id, target=lease.target,
+                                expires_at=lease.expires_at))
 
     @app.delete("/v1/leases/<lease_id>")
     async def release(lease_id: str) -> Response:

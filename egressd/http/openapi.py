@@ -21,6 +21,7 @@ from egressd.http.wire import (
     Health,
     LeaseGrant,
     LeaseRequest,
+    LeaseShown,
     NoProxyAvailable,
     ProxyList,
     Report,
@@ -118,7 +119,15 @@ OPERATIONS: tuple[Operation, ...] = (
     Operation(
         method="post", path="/v1/leases", summary="lease a proxy", body=LeaseRequest,
         replies={201: Reply(description="leased", body=LeaseGrant, links=_LEASE_LINKS),
-                 409: Reply(description="no matching proxy is free", body=NoProxyAvailable)}),
+                 409: Reply(description="no matching proxy is free; with a Retry-After "
+                                        "header (seconds until the soonest lease or cooldown "
+                                        "of a match ends) when one will end",
+                            body=NoProxyAvailable)}),
+    Operation(
+        method="get", path="/v1/leases/{leaseId}", summary="show an active lease",
+        params=(LEASE_ID,),
+        replies={200: Reply(description="the lease", body=LeaseShown),
+                 404: _error("unknown lease: never issued, expired or released")}),
     Operation(
         method="delete", path="/v1/leases/{leaseId}", summary="give a lease back (idempotent)",
         params=(LEASE_ID,), replies={204: Reply(description="released, or already gone")}),

@@ -260,6 +260,17 @@ class LeaseGrant:
 
 
 @attrs.frozen(kw_only=True)
+class LeaseShown:
+    """An active lease (`GET /v1/leases/{leaseId}`)."""
+
+    lease_id: str
+    proxy: Annotated[ProxyView, Doc("the leased proxy as the cache has it now")]
+    proxy_url: Annotated[str, Doc("http://host:port")] | None
+    target: Annotated[str, Doc("the site named at acquire; null when none")] | None
+    expires_at: dt.datetime
+
+
+@attrs.frozen(kw_only=True)
 class Error:
     """Every refusal: a code and a message for people."""
 
@@ -358,6 +369,16 @@ def grant_view(proxy: Proxy, usage: Usage | None, *, lease_id: str, expires_at: 
         expires_at=_wall(expires_at),
         active_leases=active_leases,
     )
+
+
+def lease_view(proxy: Proxy, usage: Usage | None, *, lease_id: str, target: str,
+               expires_at: float) -> LeaseShown:
+    """An active lease and its proxy (whose address may have gone since the grant)."""
+    host = effective_host(proxy)
+    return LeaseShown(
+        lease_id=lease_id, proxy=proxy_view(proxy, usage),
+        proxy_url=None if host is None else proxy_url(host, effective_port(proxy)),
+        target=target or None, expires_at=_wall(expires_at))
 
 
 def proxy_url(host: str, port: int) -> str:

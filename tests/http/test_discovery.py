@@ -451,3 +451,67 @@ async def test_report_proxy_error_is_accepted_and_starts_no_cooldown() -> None:
             r = await report(client, "not-a-lease", {"result": "proxy_error"})
             assert r.status_code == 404 and error_of(r) == "unknown_lease"
     assert len(counted) == 1 and counted[0].endswith("/a")
+
+
+# --- issue 11 item 10: Retry-After on a 409, GET /v1/leases/{id} -------------------------
+
+async def test_409_retry_after_is_the_soonest_end_among_the_matches(
+    clock: trio.testing.MockClock,
+) -> None:
+    source = MemorySource([
+        make_proxy("busy", attributes={"pool": "a"}, max_leases=1),
+        make_proxy("banned", attributes={"pool": "a"}, latency=1),
+        make_proxy("never", attributes={"pool": "z"}, max_leases=0),
+    ])
+    with trio.fail_after(10 + 100):  # the deadline moves with the jump below
+        async with discovery(source) as client:
+            r = await lease(client, {"selector": {"pool": "a"}, "target": "shop.example"})
+            assert r.json()["proxy"]["name"] == "banned"
+            r = await report(client, r.json()["leaseId"], {"result": "banned"})  # 3600 s
+            r = await lease(client, {"selector": {"pool": "a"}, "ttlSeconds": 120,
+                                     "target": "shop.example"})
+            assert r.json()["proxy"]["name"] == "busy"
+            r = await lease(client, {"selector": {"pool": "a"}, "target": "shop.example"})
+            assert r.status_code == 409 and r.json()["inCooldown"] == 1
+            # busy's lease ends in 120 s, banned's cooldown in 3600 s: the sooner wins.
+            assert 119 <= int(r.headers["retry-after"]) <= 120
+            await jump(clock, 100)
+            r = await lease(client, {"selector": {"pool": "a"}, "target": "shop.example"})
+            assert 19 <= int(r.headers["retry-after"]) <= 20
+            # Nothing will ever end for a maxLeases 0 proxy, nor for no match: no header.
+            for selector in ({"pool": "z"}, {"pool": "nowhere"}):
+                r = await lease(client, {"selector": selector})
+                assert r.status_code == 409 and "retry-after" not in r.headers
+
+
+async def test_get_lease_shows_an_active_lease_and_404s_otherwise(
+    clock: trio.testing.MockClock,
+) -> None:
+    path = "/v1/leases/{leaseId}"
+    source = MemorySource([make_proxy("a", host="10.0.0.9", port=3130, latency=7)])
+    with trio.fail_after(10 + 61):  # the deadline moves with the jump below
+        async with discovery(source) as client:
+            granted = (await lease(client, {"target": "shop.example", "ttlSeconds": 60})).json()
+            lease_id = granted["leaseId"]
+            r = await call(client, "GET", path, f"/v1/leases/{lease_id}")
+            assert r.status_code == 200, r.text
+            body = r.json()
+            assert body["leaseId"] == lease_id
+            assert body["target"] == "shop.example"
+            assert body["expiresAt"] == granted["expiresAt"]
+            assert body["proxyUrl"] == "http://10.0.0.9:3130"
+            assert (body["proxy"]["name"], body["proxy"]["activeLeases"]) == ("a", 1)
+            other = (await lease(client, {})).json()["leaseId"]
+            r = await call(client, "GET", path, f"/v1/leases/{other}")
+            assert r.json()["target"] is None
+            # Released: gone at once; the 204 has no body and no content type.
+            r = await call(client, "DELETE", path, f"/v1/leases/{other}")
+            assert r.status_code == 204 and r.content == b""
+            assert "content-type" not in r.headers
+            for gone in (other, "never-issued"):
+                r = await call(client, "GET", path, f"/v1/leases/{gone}")
+                assert r.status_code == 404 and error_of(r) == "unknown_lease"
+            # Expired: gone once its TTL has passed, whatever the sweeper did.
+            await jump(clock, 61)
+            r = await call(client, "GET", path, f"/v1/leases/{lease_id}")
+            assert r.status_code == 404 and error_of(r) == "unknown_lease"
