@@ -61,3 +61,38 @@ class Phase(enum.StrEnum):
     UNHEALTHY = "Unhealthy"
     FAILED = "Failed"
     DELETING = "Deleting"
+
+# ----- ProxyPool (issue 13)
+
+POOL_KIND = "ProxyPool"
+POOL_PLURAL = "proxypools"
+POOL_SINGULAR = "proxypool"
+POOL_SHORT_NAMES = ("pxp",)
+POOL_CRD_NAME = f"{POOL_PLURAL}.{GROUP}"
+# Every Proxy a pool owns carries this label with the pool's name; it is the pool's
+# selector (status.labelSelector, for the scale subresource and an HPA).
+POOL_LABEL = f"{GROUP}/pool"
+# The hash of the template a Proxy was made from (a rollout replaces the others).
+POOL_TEMPLATE_HASH_LABEL = f"{GROUP}/pool-template-hash"
+# Set on a Proxy the pool retires; the value is when draining started (RFC 3339).
+DRAINING_ANNOTATION = f"{GROUP}/draining-since"
+COND_DRAINING = "Draining"
+
+DEFAULT_POOL_REPLICAS = 1
+DEFAULT_MIN_REPLICAS = 1
+DEFAULT_MAX_UNAVAILABLE = 1
+DEFAULT_MAX_SURGE = 1
+DEFAULT_DRAIN_TIMEOUT_SECONDS = 600
+DEFAULT_POOL_FAILURE_THRESHOLD = 3
+DEFAULT_TARGET_UTILIZATION = 70
+DEFAULT_SCALE_UP_WINDOW_SECONDS = 60
+DEFAULT_SCALE_DOWN_STABILIZATION_SECONDS = 300
+DEFAULT_MAX_REPLACEMENTS_PER_MINUTE = 1
+
+# Pool condition types.
+COND_AVAILABLE = "Available"
+COND_PROGRESSING = "Progressing"
+COND_REPLICA_FAILURE = "ReplicaFailure"
+COND_PROVIDER_READY = "ProviderReady"
+COND_SCALING_ACTIVE = "ScalingActive"
+COND_SCALING_LIMITED = "ScalingLimited"

@@ -23,12 +23,14 @@ import cattrs
 
 from egressd.codec import VALUE_WORDS, Codec, WireError
 from egressd.errors import EgressdError
+from egressd.model.pool import ProxyPool, ProxyPoolStatus
 from egressd.model.proxy import Proxy, ProxyStatus
 from egressd.timestamps import format_time, parse_time
 
 __all__ = [
-    "ModelError", "codec", "converter", "format_time", "parse_proxy", "parse_time",
-    "structure", "unstructure", "unstructure_status", "wire_name", "wire_names",
+    "ModelError", "codec", "converter", "format_time", "parse_pool", "parse_proxy",
+    "parse_time", "structure", "unstructure", "unstructure_pool_status", "unstructure_status",
+    "wire_name", "wire_names",
 ]
 
 T = TypeVar("T")
@@ -91,5 +93,19 @@ def unstructure_status(status: ProxyStatus) -> dict[str, Any]:
     """
     wire: dict[str, Any] = codec.unstructure(status)
     for name in wire_names(ProxyStatus).values():
+        wire.setdefault(name, None)
+    return wire
+
+
+def parse_pool(raw: Mapping[str, Any]) -> ProxyPool:
+    """A whole ProxyPool object as a `ProxyPool` value; `ModelError` lists every bad field."""
+    return structure(raw, ProxyPool)
+
+
+def unstructure_pool_status(status: ProxyPoolStatus) -> dict[str, Any]:
+    """A pool status for a merge patch: unset top-level fields written as null (see
+    `unstructure_status`)."""
+    wire: dict[str, Any] = codec.unstructure(status)
+    for name in wire_names(ProxyPoolStatus).values():
         wire.setdefault(name, None)
     return wire

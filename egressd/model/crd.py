@@ -1,7 +1,9 @@
-"""The Proxy CRD (manifests/crd.yaml) as a dict, read from the installed package.
+"""The Proxy and ProxyPool CRDs (manifests/crd.yaml, manifests/proxypool-crd.yaml) as
+dicts, read from the installed package.
 
-`egressd/model/crd.yaml` is a git symlink to `../../manifests/crd.yaml`, so the
-manifest operators apply and the copy the sandbox installs are one file.
+`egressd/model/crd.yaml` and `egressd/model/proxypool-crd.yaml` are git symlinks into
+`../../manifests/`, so the manifests operators apply and the copies the sandbox
+installs are one file each.
 """
 
 from __future__ import annotations
@@ -12,15 +14,27 @@ from typing import Any
 
 import yaml
 
+PROXY_CRD_FILE = "crd.yaml"
+POOL_CRD_FILE = "proxypool-crd.yaml"
+
 
 @functools.cache
-def _crd_text() -> str:
-    return importlib.resources.files("egressd.model").joinpath("crd.yaml").read_text("utf-8")
+def _crd_text(name: str) -> str:
+    return importlib.resources.files("egressd.model").joinpath(name).read_text("utf-8")
+
+
+def _load(name: str) -> dict[str, Any]:
+    crd = yaml.safe_load(_crd_text(name))
+    if not isinstance(crd, dict):
+        raise TypeError(f"egressd/model/{name} is not a YAML mapping")
+    return crd
 
 
 def load_crd() -> dict[str, Any]:
-    """A fresh copy of the CRD (callers may mutate it)."""
-    crd = yaml.safe_load(_crd_text())
-    if not isinstance(crd, dict):
-        raise TypeError("egressd/model/crd.yaml is not a YAML mapping")
-    return crd
+    """A fresh copy of the Proxy CRD (callers may mutate it)."""
+    return _load(PROXY_CRD_FILE)
+
+
+def load_pool_crd() -> dict[str, Any]:
+    """A fresh copy of the ProxyPool CRD (callers may mutate it)."""
+    return _load(POOL_CRD_FILE)

@@ -140,6 +140,18 @@ class ProxyStatus:
 
 
 @attrs.frozen
+class OwnerReference:
+    """One entry of `metadata.ownerReferences` (a pool owns its Proxies this way)."""
+
+    api_version: str
+    kind: str = attrs.field(kw_only=True)
+    name: str = attrs.field(kw_only=True)
+    uid: str = attrs.field(kw_only=True)
+    controller: bool | None = attrs.field(default=None, kw_only=True)
+    block_owner_deletion: bool | None = attrs.field(default=None, kw_only=True)
+
+
+@attrs.frozen
 class ObjectMeta:
     """The parts of Kubernetes object metadata egressd reads."""
 
@@ -157,6 +169,16 @@ class ObjectMeta:
         factory=FrozenDict, converter=freeze_str_map, kw_only=True
     )
     finalizers: tuple[str, ...] = attrs.field(default=(), converter=tuple, kw_only=True)
+    # None when absent, so a round trip writes no empty list the object never had.
+    owner_references: tuple[OwnerReference, ...] | None = attrs.field(default=None,
+                                                                     kw_only=True)
+
+    def controller_ref(self) -> OwnerReference | None:
+        """The owner reference with `controller: true`, if any (at most one is allowed)."""
+        for ref in self.owner_references or ():
+            if ref.controller:
+                return ref
+        return None
 
 
 @attrs.frozen

@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 import trio
 
-from egressd.sandbox.apiserver import discovery, rbac, reads, reviews
+from egressd.sandbox.apiserver import discovery, rbac, reads, reviews, scale
 from egressd.sandbox.apiserver.errors import (
     ApiError,
     method_not_allowed,
@@ -207,6 +207,8 @@ class ApiApp:
         method = request.method
         if target.rt.review:
             raise method_not_allowed(method)
+        if target.subresource == "scale" and not is_watch:
+            return scale.handle(self.writer, target, request)
         if method == "GET":
             if is_watch:
                 return self.watches.open(target, request)

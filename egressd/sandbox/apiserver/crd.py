@@ -12,7 +12,7 @@ import copy
 import functools
 from typing import Any
 
-from egressd.model.crd import load_crd
+from egressd.model.crd import load_crd, load_pool_crd
 
 
 def proxy_crd() -> dict[str, Any]:
@@ -24,3 +24,13 @@ def proxy_crd() -> dict[str, Any]:
 @functools.lru_cache(maxsize=1)
 def _proxy_crd() -> dict[str, Any]:
     return load_crd()
+
+
+def pool_crd() -> dict[str, Any]:
+    """The ProxyPool CRD as a dict (a fresh copy)."""
+    return copy.deepcopy(_pool_crd())
+
+
+@functools.lru_cache(maxsize=1)
+def _pool_crd() -> dict[str, Any]:
+    return load_pool_crd()

@@ -69,5 +69,10 @@ def resource_list(group_version: str, types: Iterable[ResourceType]) -> dict[str
             resources.append({"name": f"{rt.plural}/status", "singularName": "",
                               "namespaced": rt.namespaced, "kind": rt.kind,
                               "verbs": ["get", "patch", "update"]})
+        if rt.scale is not None:
+            resources.append({"name": f"{rt.plural}/scale", "singularName": "",
+                              "namespaced": rt.namespaced, "group": "autoscaling",
+                              "version": "v1", "kind": "Scale",
+                              "verbs": ["get", "patch", "update"]})
     return {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": group_version,
             "resources": resources}

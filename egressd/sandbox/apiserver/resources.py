@@ -21,6 +21,21 @@ COMMON_FIELDS = frozenset({"metadata.name", "metadata.namespace"})
 
 
 @attrs.frozen
+class ScalePaths:
+    """Where a custom resource keeps its scale (`subresources.scale`: simple `.a.b` paths)."""
+
+    spec_replicas: str
+    status_replicas: str
+    label_selector: str | None = None
+
+    @classmethod
+    def from_crd(cls, subresource: dict[str, Any]) -> ScalePaths:
+        return cls(spec_replicas=subresource["specReplicasPath"],
+                   status_replicas=subresource["statusReplicasPath"],
+                   label_selector=subresource.get("labelSelectorPath"))
+
+
+@attrs.frozen
 class ResourceType:
     """One served resource (a plural under a group/version)."""
 
@@ -45,6 +60,8 @@ class ResourceType:
     # What discovery lists; a review (SelfSubjectAccessReview, ...) is create-only
     # and never stored.
     verbs: tuple[str, ...] = ALL_VERBS
+    # subresources.scale of the CRD version (custom resources only).
+    scale: ScalePaths | None = None
 
     @property
     def review(self) -> bool:
@@ -129,5 +146,10 @@ def types_from_crd(crd: dict[str, Any]) -> list[ResourceType]:
             has_status="status" in subresources, custom=True,
             printer_columns=tuple(version.get("additionalPrinterColumns") or ()),
             crd_name=crd["metadata"]["name"],
-            served_versions=tuple(v["name"] for v in served)))
+            served_versions=tuple(v["name"] for v in served),
+            scale=_scale_paths(subresources.get("scale"))))
     return out
+
+
+def _scale_paths(subresource: dict[str, Any] | None) -> ScalePaths | None:
+    return ScalePaths.from_crd(subresource) if subresource else None

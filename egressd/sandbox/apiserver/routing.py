@@ -72,7 +72,8 @@ def _fits(rt: ResourceType, namespace: str | None, name: str | None, sub: str | 
         return False
     if rt.namespaced and namespace is None and name is not None:
         return False
-    return sub is None or (sub == "status" and rt.has_status)
+    return (sub is None or (sub == "status" and rt.has_status)
+            or (sub == "scale" and rt.scale is not None))
 
 
 def meta_document(parts: list[str], registry: Registry, address: Callable[[], str]

@@ -26,7 +26,7 @@ from typing import Any
 import trio
 
 from egressd.sandbox.apiserver.app import ApiApp
-from egressd.sandbox.apiserver.crd import proxy_crd
+from egressd.sandbox.apiserver.crd import pool_crd, proxy_crd
 from egressd.sandbox.apiserver.errors import not_found
 from egressd.sandbox.apiserver.faults import Faults
 from egressd.sandbox.apiserver.rbac import RbacAuthorizer
@@ -71,6 +71,7 @@ class FakeApiServer:
                           bookmark_interval=bookmark_interval)
         if install_proxy_crd:
             self.app.install_crd(proxy_crd())
+            self.app.install_crd(pool_crd())
         for crd in crds or ():
             self.app.install_crd(crd)
         self._nursery: trio.Nursery | None = None
