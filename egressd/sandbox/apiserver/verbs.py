@@ -8,7 +8,7 @@ import copy
 import datetime
 from collections.abc import Callable
 
-from egressd.sandbox.apiserver import bodies, managed, patch, reads
+from egressd.sandbox.apiserver import bodies, managed, ownergc, patch, reads
 from egressd.sandbox.apiserver.bodies import check_type
 from egressd.sandbox.apiserver.errors import (
     bad_request,
@@ -161,7 +161,11 @@ class Verbs:
                                f"Precondition failed: {field.upper() if field == 'uid' else field}"
                                f" in precondition: {wanted}, {field} in object meta: "
                                f"{old['metadata'].get(field)}")
-        result, status = self.writer.delete(rt, old, dry_run=bodies.dry_run(request))
+        propagation = ownergc.policy(options)
+        if request.param("propagationPolicy"):  # also accepted as a query parameter
+            propagation = ownergc.policy({"propagationPolicy": request.param("propagationPolicy")})
+        result, status = self.writer.delete(rt, old, dry_run=bodies.dry_run(request),
+                                            propagation=propagation)
         return render_one(rt, request, status, result, now=self._now())
 
     def delete_collection(self, target: Target, request: Request) -> Response:

@@ -21,7 +21,7 @@ from typing import Any
 
 import attrs
 
-from egressd.sandbox.apiserver import builtin, managed
+from egressd.sandbox.apiserver import builtin, managed, ownergc
 from egressd.sandbox.apiserver.bodies import check_decodable
 from egressd.sandbox.apiserver.errors import already_exists, conflict, invalid, not_found
 from egressd.sandbox.apiserver.managed import Manager
@@ -181,8 +181,27 @@ class Writer:
         return self.write(rt, body, None, subresource=None, dry_run=dry_run,
                           field_validation=field_validation, manager=manager)
 
-    def delete(self, rt: ResourceType, old: Obj, *, dry_run: bool = False) -> tuple[Obj, int]:
-        """Delete now (200), or mark for deletion while finalizers remain (202)."""
+    def delete(self, rt: ResourceType, old: Obj, *, dry_run: bool = False,
+               propagation: str = ownergc.BACKGROUND) -> tuple[Obj, int]:
+        """Delete now (200), or mark for deletion while finalizers remain (202);
+        dependents by `propagation` (ownergc)."""
+        if not dry_run and not old["metadata"].get("deletionTimestamp"):
+            if propagation == ownergc.ORPHAN:
+                ownergc.orphan(self.store, self.registry, old)
+            elif propagation == ownergc.FOREGROUND and next(
+                    ownergc.dependents(self.store, self.registry, old), None):
+                old = copy.deepcopy(old)
+                old["metadata"]["finalizers"] = [*(old["metadata"].get("finalizers") or ()),
+                                                 ownergc.FOREGROUND_FINALIZER]
+                result = self._delete(rt, old, dry_run=False)
+                ownergc.cascade(self.store, self.registry, old, self._delete_dependent)
+                return result
+        return self._delete(rt, old, dry_run=dry_run)
+
+    def _delete_dependent(self, rt: ResourceType, obj: Obj) -> None:
+        self.delete(rt, obj)
+
+    def _delete(self, rt: ResourceType, old: Obj, *, dry_run: bool) -> tuple[Obj, int]:
         meta = old["metadata"]
         if meta.get("finalizers"):
             if meta.get("deletionTimestamp"):
@@ -203,6 +222,10 @@ class Writer:
         return out(rt, stored), 200
 
     def _notify_deleted(self, rt: ResourceType, obj: Obj) -> None:
+        ownergc.cascade(self.store, self.registry, obj, self._delete_dependent)
+        for owner_rt, owner in list(ownergc.owners_waiting(self.store, self.registry, obj)):
+            if next(ownergc.dependents(self.store, self.registry, owner), None) is None:
+                self._drop_finalizer(owner_rt, owner, ownergc.FOREGROUND_FINALIZER)
         if rt.kind == "CustomResourceDefinition":
             for gone in self.registry.unregister_crd(obj["metadata"]["name"]):
                 self.store.drop_all(gone.store_key)
@@ -216,6 +239,15 @@ class Writer:
                 seen.add(other.store_key)
                 for child in list(self.store.items(other.store_key, namespace)):
                     self.delete(other, copy.deepcopy(child))
+
+
+    def _drop_finalizer(self, rt: ResourceType, obj: Obj, finalizer: str) -> None:
+        """What the finalizer's controller does when done: the last one deletes."""
+        new = copy.deepcopy(obj)
+        new["metadata"]["finalizers"] = [
+            f for f in new["metadata"].get("finalizers") or () if f != finalizer]
+        w = _Write(rt, new, obj, None)
+        self._store(w)
 
 
 # ----- steps without state
