@@ -35,6 +35,7 @@ from google.oauth2 import service_account
 from googleapiclient import discovery
 from googleapiclient.errors import HttpError
 
+from egressd import timestamps
 from egressd.errors import ConfigError
 from egressd.providers.config import REGION_RE, ZONE_RE, GcpConfig
 from egressd.providers.contract import CreateRequest, Instance, InstanceState, Placement
@@ -232,7 +233,7 @@ def instance_from_api(project: str, body: Mapping[str, Any]) -> Instance:
         for access in nic.get("accessConfigs") or ():
             nat_ip = nat_ip or access.get("natIP") or None
     created = body.get("creationTimestamp")
-    created_at = datetime.fromisoformat(created) if created else datetime.now(UTC)
+    created_at = timestamps.parse_time(created) if created else datetime.now(UTC)
     state = instance_state(str(body.get("status", "")), nat_ip)
     return Instance(
         provider_id=provider_id(project, zone, body["name"]),

@@ -19,6 +19,7 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+from egressd import timestamps
 from egressd.kube import errors as kube_errors
 from egressd.kube.resources import PODS
 from egressd.providers.config import PRIVATE_SOURCES, KubernetesConfig
@@ -193,7 +194,7 @@ def instance_from_pod(pod: Mapping[str, Any]) -> Instance:
         name=meta["name"],
         state=state,
         ip=(pod.get("status") or {}).get("podIP") or None,
-        created_at=datetime.fromisoformat(created) if created else datetime.now(UTC),
+        created_at=timestamps.parse_time(created) if created else datetime.now(UTC),
         labels=meta.get("labels") or {},
     )
 

@@ -24,6 +24,7 @@ from typing import Any
 
 import attrs
 
+from egressd import timestamps
 from egressd.sandbox.apiserver.errors import ApiError
 from egressd.sandbox.apiserver.store import Obj
 
@@ -192,7 +193,7 @@ def _own(entries: list[_Entry], manager: Manager, paths: set[Path], *, api_versi
 
 
 def _timestamp(now: datetime.datetime) -> str:
-    return now.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return timestamps.format_time(now, precision="seconds")
 
 
 # ----- updates

@@ -21,6 +21,8 @@ from typing import Any
 
 import attrs
 
+from egressd import timestamps
+
 MEDIA_TYPE = "application/vnd.kubernetes.protobuf"
 _MAGIC = b"k8s\x00"
 
@@ -244,7 +246,7 @@ def _time(data: bytes) -> str | None:
     except (OverflowError, OSError, ValueError):
         raise ProtobufError("a timestamp is out of range") from None
     # meta/v1 Time marshals to whole seconds in RFC 3339.
-    return when.strftime("%Y-%m-%dT%H:%M:%SZ")
+    return timestamps.format_time(when, precision="seconds")
 
 
 def _entry(data: bytes, *, binary: bool) -> tuple[str, str]:

@@ -8,6 +8,7 @@ import datetime
 import json
 from typing import Any
 
+from egressd import timestamps
 from egressd.sandbox.apiserver import table
 from egressd.sandbox.apiserver.errors import ApiError
 from egressd.sandbox.apiserver.resources import ResourceType
@@ -59,4 +60,5 @@ def watch_line(kind: str, obj: Obj) -> bytes:
 
 
 def timestamp(when: datetime.datetime) -> str:
-    return when.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    """metav1.Time: whole seconds, UTC, "Z" (the one RFC 3339 writer)."""
+    return timestamps.format_time(when, precision="seconds")

@@ -17,6 +17,7 @@ from typing import Any
 from jsonpath_ng.exceptions import JsonPathLexerError, JsonPathParserError
 from jsonpath_ng.ext.parser import parse as jsonpath_parse
 
+from egressd import timestamps
 from egressd.sandbox.apiserver.resources import ResourceType
 
 log = logging.getLogger("egressd.sandbox.apiserver")
@@ -77,8 +78,8 @@ def human_duration(seconds: float) -> str:
 
 def parse_time(text: str) -> datetime.datetime | None:
     try:
-        return datetime.datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except (ValueError, AttributeError):
+        return timestamps.parse_time(text)
+    except ValueError:
         return None
 
 
