@@ -46,11 +46,31 @@ def test_rbac_grants_only_what_egressd_uses() -> None:
     (role,) = find("ClusterRole")
     grants = {(g, r): set(rule["verbs"]) for rule in role["rules"]
               for g in rule["apiGroups"] for r in rule["resources"]}
-    assert grants[("", "secrets")] == {"get", "list", "watch"}
+    # The cloud-init cache lists and watches; nothing gets a Secret by name.
+    assert grants[("", "secrets")] == {"list", "watch"}
+    # Cluster-wide Pods: list only (orphan GC); writes are per provider namespace.
+    assert grants[("", "pods")] == {"list"}
     assert grants[("", "events")] == {"create", "patch"}
     assert "delete" not in grants[("crawl.example.com", "proxies")]
     assert all("*" not in verbs for verbs in grants.values())
     assert not any(r == "leases" for _, r in grants), "leases are a namespaced Role"
+
+
+def test_each_provider_namespace_has_a_role_for_its_pod_writes() -> None:
+    (config,) = find("ConfigMap")
+    providers = yaml.safe_load(config["data"]["providers.yaml"])["providers"]
+    roles = {(d["metadata"]["namespace"], d["metadata"]["name"]): d for d in find("Role")}
+    bound = {(d["metadata"]["namespace"], d["roleRef"]["name"]) for d in find("RoleBinding")
+             if {"kind": "ServiceAccount", "name": "egressd", "namespace": "egressd"}
+             in d["subjects"]}
+    for entry in providers:
+        if entry["type"] != "kubernetes":
+            continue
+        namespace = entry["kubernetes"]["namespace"]
+        verbs = {verb for (ns, name), role in roles.items() if ns == namespace
+                 and (ns, name) in bound for rule in role["rules"]
+                 if "pods" in rule["resources"] for verb in rule["verbs"]}
+        assert {"create", "delete", "get", "watch"} <= verbs, namespace
 
 
 def test_the_provider_namespace_in_the_config_is_created() -> None:

@@ -10,6 +10,7 @@ rule nothing used.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,15 +20,22 @@ import trio
 import yaml
 
 from egressd.app import load_inputs, run_daemon
+from egressd.kube.client import open_client
+from egressd.kube.config import load_config
+from egressd.kube.resources import PROXIES as PROXIES_RESOURCE
 from egressd.sandbox.apiserver import FakeApiServer
 from egressd.sandbox.apiserver.tls import kubeconfig as kubeconfig_text
 from egressd.sandbox.apiserver.tls import write_private
+from egressd.sandbox.kubelet import AddressPool, LocalKubelet
+from egressd.sandbox.probe_target import ProbeTargetServer
 from egressd.settings import parse_settings
 from tests.fixtures.apiserver import make_client
 from tests.sandbox.apiserver.support import ALL_PROXIES, PROXIES, proxy
+from tests.sandbox.test_localproxy import installed
 
 MANIFESTS = Path(__file__).resolve().parents[3] / "manifests"
 RBAC_GROUP = "/apis/rbac.authorization.k8s.io/v1"
+PROVIDER_NAMESPACE = "egressd-proxies"  # manifests/config.yaml's kubernetes provider
 
 
 def role(name: str, namespace: str | None, rules: list[dict[str, Any]]) -> dict[str, Any]:
@@ -140,8 +148,26 @@ def daemon_kubeconfig(apiserver: FakeApiServer, tmp_path: Path) -> str:
     return path
 
 
+async def _wait_for(server: FakeApiServer, name: str, done: Callable[[Any], bool],
+                    forbidden: list[str]) -> None:
+    """Until `done(the Proxy)`; a 403 fails at once (the daemon reports it on the Proxy,
+    which is a change), not at the deadline."""
+    while not done(server.get("crawl.example.com/v1alpha1", "Proxy", name,
+                              namespace="default")):
+        assert forbidden == []
+        await server.store.wait_changed()
+
+
+def _phase(obj: Any) -> str | None:
+    return ((obj or {}).get("status") or {}).get("phase")
+
+
 async def test_the_daemon_as_the_manifests_service_account_never_gets_a_403(
         apiserver: FakeApiServer, daemon_kubeconfig: str, tmp_path: Path) -> None:
+    """One External and one Managed proxy (a kubernetes-provider Pod run by the local
+    kubelet) reach their states and the Managed one is deleted, all as the manifests'
+    ServiceAccount: no 403, and every rule the manifests grant is used or named below."""
+    software = installed("tinyproxy")
     forbidden: list[str] = []
     handle = apiserver.app.handle
 
@@ -154,50 +180,56 @@ async def test_the_daemon_as_the_manifests_service_account_never_gets_a_403(
     apiserver.app.handle = spy  # type: ignore[method-assign]
     token_file = tmp_path / "token"
     token_file.write_text("discovery-token-of-the-test\n")
-    settings = parse_settings(
-        ["--kubeconfig", daemon_kubeconfig, "--discovery-addr", "127.0.0.1:0",
-         "--metrics-addr", "127.0.0.1:0", "--shutdown-grace", "1s",
-         "--discovery-token-file", str(token_file)], environ={})
-    inputs = load_inputs(settings, {})
-    with trio.fail_after(30):
-        async with trio.open_nursery() as nursery:
+    providers_file = tmp_path / "providers.yaml"
+    providers_file.write_text(yaml.safe_dump({"providers": [{
+        "name": "local", "type": "kubernetes",
+        "kubernetes": {"namespace": PROVIDER_NAMESPACE, "image": "ubuntu/squid:6.6-24.04_edge"}}]}))
+    target = ProbeTargetServer()
+    admin = await load_config(kubeconfig=apiserver.write_kubeconfig(str(tmp_path / "admin")),
+                              context=None)
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery, open_client(admin) as admin_client:
+            probe_url = await nursery.start(target.serve)
+            settings = parse_settings(
+                ["--kubeconfig", daemon_kubeconfig, "--discovery-addr", "127.0.0.1:0",
+                 "--metrics-addr", "127.0.0.1:0", "--shutdown-grace", "1s",
+                 "--discovery-token-file", str(token_file),
+                 "--providers-config", str(providers_file), "--cluster-name", "rbac",
+                 "--provisioning-poll", "1s",
+                 "--probe-ca-file", target.write_ca(str(tmp_path / "ca.pem"))], environ={})
+            inputs = load_inputs(settings, {})
+            # The kubelet is the cluster's, not egressd's: it runs with the admin token.
+            kubelet = LocalKubelet(admin_client, namespace=PROVIDER_NAMESPACE,
+                                   software=software, addresses=AddressPool())
+            await nursery.start(kubelet.run)
             await nursery.start(functools.partial(run_daemon, inputs, environ={}))
+            health = {"probeURL": probe_url, "intervalSeconds": 5, "timeoutSeconds": 2}
             apiserver.create(proxy("ext", healthCheck={"probeURL": "https://127.0.0.1:9/",
                                                        "intervalSeconds": 5,
                                                        "timeoutSeconds": 1}))
-            while not (apiserver.get("crawl.example.com/v1alpha1", "Proxy", "ext",
-                                     namespace="default") or {}).get("status"):
-                await apiserver.store.wait_changed()
+            managed = proxy("managed", mode="Managed", provider="local", port=3128,
+                            healthCheck=health)
+            del managed["spec"]["endpoint"]
+            apiserver.create(managed)
+            await _wait_for(apiserver, "ext", lambda obj: bool((obj or {}).get("status")),
+                            forbidden)
+            await _wait_for(apiserver, "managed", lambda obj: _phase(obj) == "Ready", forbidden)
+            await admin_client.delete(PROXIES_RESOURCE, "managed", namespace="default")
+            await _wait_for(apiserver, "managed", lambda obj: obj is None, forbidden)
             nursery.cancel_scope.cancel()
     assert forbidden == []
     rbac = apiserver.app.rbac
     assert rbac is not None
     unused = {str(g) for g in rbac.unused()}
     print("granted but unused:", *sorted(unused), sep="\n  ")
-    # Every grant this run (one External proxy, one leader) did not need, each for a
-    # path it does not take. A grant that goes unused and is not named here fails:
-    # either the daemon stopped needing it (narrow manifests/rbac.yaml) or add the reason.
-    assert unused <= NOT_EXERCISED_BY_AN_EXTERNAL_PROXY, sorted(
-        unused - NOT_EXERCISED_BY_AN_EXTERNAL_PROXY)
+    # Every grant this run did not need, each for a path it does not take. A grant
+    # that goes unused and is not named here fails: either the daemon stopped needing
+    # it (narrow manifests/rbac.yaml) or add the reason.
+    assert unused <= NOT_EXERCISED, sorted(unused - NOT_EXERCISED)
 
 
-NOT_EXERCISED_BY_AN_EXTERNAL_PROXY = {
-    # Managed proxies on the kubernetes provider: Pods, their finalizer, spec annotations.
-    "ClusterRole/egressd: create pods", "ClusterRole/egressd: delete pods",
-    "ClusterRole/egressd: get pods", "ClusterRole/egressd: list pods",
-    "ClusterRole/egressd: watch pods",
-    "ClusterRole/egressd: update proxies/finalizers.crawl.example.com",
-    "ClusterRole/egressd: patch proxies.crawl.example.com",
-    # cloud-init from a Secret (Managed only); the cache lists and watches, never gets.
-    "ClusterRole/egressd: get secrets",
-    # Events: emitted on create/replace/delete/failure, none of which happens here.
-    "ClusterRole/egressd: create events", "ClusterRole/egressd: patch events",
-    # Read and written through list/watch and merge patches: get and update are unused
-    # by any path today (candidates for narrowing).
-    "ClusterRole/egressd: get proxies.crawl.example.com",
-    "ClusterRole/egressd: get proxies/status.crawl.example.com",
-    "ClusterRole/egressd: update proxies.crawl.example.com",
-    "ClusterRole/egressd: update proxies/status.crawl.example.com",
-    # The Lease is created then updated (PUT with resourceVersion), never patched.
-    "Role/egressd/egressd-leader-election: patch leases.coordination.k8s.io",
+NOT_EXERCISED = {
+    # A repeated Event (same object, reason and message) patches the first one's count;
+    # this run emits each Event once.
+    "ClusterRole/egressd: patch events",
 }
