@@ -33,8 +33,12 @@ async def test_trio_lease_goes_through_its_proxy_and_is_released(world: World) -
 async def test_trio_a_cancelled_task_still_releases_its_lease(world: World) -> None:
     with trio.fail_after(20):
         async with AsyncClient(world.discovery_url, token=world.token) as egressd:
-            with trio.move_on_after(0.3) as scope:
+            # Cancelled once the lease is held (an event, not a timer: a timer could
+            # cancel the acquire itself and leave nothing to release).
+            with trio.CancelScope() as scope:
                 async with egressd.lease(selector=POOL, target="cancel.test"):
+                    assert await active(world) == 1
+                    scope.cancel()
                     await trio.sleep_forever()
             assert scope.cancelled_caught
         assert await active(world) == 0
