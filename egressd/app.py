@@ -313,7 +313,8 @@ async def _run_parts(
     feed_instances(queue, proxies=proxies, instances=instances)
     source = InformerProxySource(proxies)
     health = HealthRelay()
-    writer = CooldownWriter(client=client, lookup=proxies.get, clock=time.time)
+    writer = CooldownWriter(client=client, lookup=proxies.get, clock=time.time,
+                            cap=settings.max_cooldowns_per_proxy)
     store = MemoryLeaseStore.from_settings(
         settings, clock=time.time, on_cooldown=writer.cooldown_started,
         on_proxy_error=health.proxy_error)

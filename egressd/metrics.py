@@ -43,6 +43,10 @@ REPORTS = Counter("egressd_reports_total", "Lease reports by result.", ["result"
                   registry=REGISTRY)
 COOLDOWNS_ACTIVE = Gauge(
     "egressd_cooldowns_active", "Cooldowns in force.", registry=REGISTRY)
+COOLDOWNS_EVICTED = Counter(
+    "egressd_cooldowns_evicted_total",
+    "Cooldowns dropped because their proxy had --max-cooldowns-per-proxy others.",
+    registry=REGISTRY)
 ORPHANS_DELETED = Counter(
     "egressd_orphans_deleted_total", "Orphaned instances deleted, by provider.", ["provider"],
     registry=REGISTRY)

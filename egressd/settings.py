@@ -123,6 +123,9 @@ class Settings:
     max_cooldown: float = setting(
         3600.0, "Upper bound on a cooldown taken from a client's retryAfterSeconds.",
         _positive_duration)
+    max_cooldowns_per_proxy: int = setting(
+        64, "Per-target cooldowns one proxy keeps at most; the soonest-ending goes first.",
+        _positive_int)
     shutdown_grace: float = setting(
         10.0, "How long in-flight HTTP requests may finish at shutdown.", parse_duration)
     listen_backlog: int = setting(

@@ -18,11 +18,27 @@ from egressd.leases.interface import GLOBAL, Cooldown, outlasts
 
 _NONE: Mapping[str, float] = {}
 
+DEFAULT_CAP = 64
+"""Per-target cooldowns one proxy keeps at most, by default (--max-cooldowns-per-proxy)."""
+
+
+def evictions(cooldowns: Iterable[Cooldown], *, room: int) -> list[Cooldown]:
+    """The per-target cooldowns to drop so that at most `room` stay: soonest-ending first.
+
+    The one bound on a proxy's cooldowns, used by the store and by the status writer
+    alike. The global cooldown is never dropped (it blocks every target, and there
+    is at most one per proxy).
+    """
+    targets = sorted((c for c in cooldowns if c.target != GLOBAL),
+                     key=lambda c: (c.until, c.target))
+    return targets[:max(0, len(targets) - max(room, 0))]
+
 
 class CooldownBook:
     """Cooldowns by (proxy key, target); target `""` (GLOBAL) blocks every acquire."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, cap: int = DEFAULT_CAP) -> None:
+        self._cap = cap
         self._by_key: dict[str, dict[str, Cooldown]] = {}
         # target → proxy key → until, for targets other than GLOBAL: what an acquire
         # for that target must skip, without looking at any other proxy.
@@ -39,6 +55,12 @@ class CooldownBook:
             return old
         if old is None:
             metrics.COOLDOWNS_ACTIVE.inc()
+            if cd.target != GLOBAL and len(cds) - (GLOBAL in cds) >= self._cap:
+                # Bounded by design: a flood of distinct targets must not grow one proxy
+                # (and its status object) without end. O(cap), only when one is added.
+                for gone in evictions(cds.values(), room=self._cap - 1):
+                    self._drop(gone.key, gone.target)
+                    metrics.COOLDOWNS_EVICTED.inc()
         cds[cd.target] = cd
         if cd.target != GLOBAL:
             self._by_target.setdefault(cd.target, {})[cd.key] = cd.until
@@ -54,19 +76,23 @@ class CooldownBook:
             cds = self._by_key.get(key)
             cd = cds.get(target) if cds else None
             if cds is None or cd is None or cd.until != until:
-                continue  # lengthened since (a later entry ends it) or already gone
-            del cds[target]
-            if not cds:
-                del self._by_key[key]
-            metrics.COOLDOWNS_ACTIVE.dec()
+                continue  # lengthened since (a later entry ends it), evicted or already gone
+            self._drop(key, target)
             if target == GLOBAL:
                 ended.append(key)
-            else:
-                keys = self._by_target[target]
-                del keys[key]
-                if not keys:
-                    del self._by_target[target]
         return ended
+
+    def _drop(self, key: str, target: str) -> None:
+        cds = self._by_key[key]
+        del cds[target]
+        if not cds:
+            del self._by_key[key]
+        metrics.COOLDOWNS_ACTIVE.dec()
+        if target != GLOBAL:
+            keys = self._by_target[target]
+            del keys[key]
+            if not keys:
+                del self._by_target[target]
 
     def of(self, key: str, now: float) -> dict[str, Cooldown]:
         """The cooldowns of one proxy in force at `now`, by target."""

@@ -38,6 +38,7 @@ from egressd.kube.errors import ApiError, ApiUnavailable, Conflict, NotFound
 from egressd.kube.informer import Informer
 from egressd.kube.resources import PROXIES, object_key
 from egressd.kube.resources import resource_version as kube_resource_version
+from egressd.leases.cooldowns import DEFAULT_CAP, evictions
 from egressd.leases.interface import GLOBAL, Cooldown, Result, outlasts
 from egressd.model.constants import GLOBAL_COOLDOWN_KEY
 from egressd.model.convert import ModelError, parse_proxy
@@ -110,15 +111,21 @@ def cooldowns_in(obj: RawObject) -> dict[str, Cooldown]:
 
 
 def cooldown_patch(
-    new: Cooldown | None, recorded: Iterable[Cooldown], *, now: float
+    new: Cooldown | None, recorded: Iterable[Cooldown], *, now: float, cap: int = DEFAULT_CAP,
 ) -> dict[str, Any] | None:
-    """The merge patch that adds `new` and nulls every recorded entry that has ended.
+    """The merge patch that adds `new` and nulls every recorded entry that has ended,
+    and those past the store's cap per proxy (the same `evictions` rule).
 
     None when there is nothing to write.
     """
+    recorded = list(recorded)
     entries: dict[str, Any] = {
         wire_key(cd.target): None for cd in recorded if cd.until <= now
     }
+    live = [cd for cd in recorded if cd.until > now and (new is None or cd.target != new.target)]
+    adding = new is not None and new.target != GLOBAL
+    for gone in evictions(live, room=cap - 1 if adding else cap):
+        entries[wire_key(gone.target)] = None
     if new is not None:
         entries[wire_key(new.target)] = {
             "until": _timestamp(new.until), "reason": new.reason.value}
@@ -141,8 +148,10 @@ class CooldownWriter:
         client: KubeClient,
         lookup: Callable[[str], RawObject | None],
         clock: Callable[[], float],
+        cap: int = DEFAULT_CAP,
     ) -> None:
         self._client = client
+        self._cap = cap
         self._lookup = lookup
         self._clock = clock
         self._send, self._receive = trio.open_memory_channel[_Write](QUEUE_SIZE)
@@ -301,7 +310,7 @@ class CooldownWriter:
         new = write.cooldown
         if new is not None and not outlasts(new, recorded.get(new.target)):
             new = None  # at least as long a cooldown is recorded already
-        patch = cooldown_patch(new, recorded.values(), now=self._clock())
+        patch = cooldown_patch(new, recorded.values(), now=self._clock(), cap=self._cap)
         if patch is not None and resource_version:
             patch["metadata"] = {"resourceVersion": resource_version}
         return patch

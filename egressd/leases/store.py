@@ -31,7 +31,7 @@ import attrs
 import trio
 
 from egressd import metrics
-from egressd.leases.cooldowns import CooldownBook
+from egressd.leases.cooldowns import DEFAULT_CAP, CooldownBook
 from egressd.leases.index import Blocked, CandidateIndex, Load
 from egressd.leases.interface import (
     GLOBAL,
@@ -81,6 +81,7 @@ class MemoryLeaseStore:
         retention: float | None = None,
         sweep_interval: float = 5.0,
         clock: Callable[[], float] = time.time,
+        max_cooldowns_per_proxy: int = DEFAULT_CAP,
         on_proxy_error: Callable[[str], None] | None = None,
         on_cooldown: CooldownHook | None = None,
     ) -> None:
@@ -105,7 +106,7 @@ class MemoryLeaseStore:
         self._forget: list[tuple[float, str]] = []
         # Per proxy, (expires_at, lease id) of its leases: the soonest end of a full proxy.
         self._ends: dict[str, list[tuple[float, str]]] = {}
-        self._cooldowns = CooldownBook()
+        self._cooldowns = CooldownBook(cap=max_cooldowns_per_proxy)
         self._index = CandidateIndex()
 
     @classmethod
@@ -118,6 +119,7 @@ class MemoryLeaseStore:
             cooldown=settings.cooldown,
             ban_cooldown=settings.ban_cooldown,
             max_cooldown=settings.max_cooldown,
+            max_cooldowns_per_proxy=settings.max_cooldowns_per_proxy,
             clock=clock,
             on_proxy_error=on_proxy_error,
             on_cooldown=on_cooldown,

@@ -68,11 +68,12 @@ class Watcher:
 
 def persisted_store(
     client: KubeClient, wall: Wall, lookup: Callable[[str], dict[str, Any] | None],
+    cap: int = 64,
 ) -> tuple[MemoryLeaseStore, CooldownWriter]:
     """A store and the writer observing it, composed as the daemon does."""
-    writer = CooldownWriter(client=client, lookup=lookup, clock=wall)
+    writer = CooldownWriter(client=client, lookup=lookup, clock=wall, cap=cap)
     store = MemoryLeaseStore(cooldown=600, ban_cooldown=3600, max_cooldown=3600, clock=wall,
-                             on_cooldown=writer.cooldown_started)
+                             max_cooldowns_per_proxy=cap, on_cooldown=writer.cooldown_started)
     return store, writer
 
 
@@ -242,3 +243,29 @@ async def test_cooldowns_reported_at_shutdown_are_still_written(
                            result=Result.BANNED)
     stored = (await kube_client.get(PROXIES, "a", namespace="default"))["status"]["cooldowns"]
     assert set(stored) == {"queued.example", "late.example"}
+
+
+async def test_status_cooldowns_are_capped_like_the_store(
+    kube_client: KubeClient, apiserver: FakeApiServer,
+) -> None:
+    # Issue 19 item 2: a flood of distinct targets must not grow the Proxy object; the
+    # writer nulls what the store evicted (the soonest-ending), by the same rule.
+    apiserver.create(proxy("a"))
+    wall = Wall()
+    informer = Informer(PROXIES, relist_backoff=(0.05, 0.2))
+    store, writer = persisted_store(kube_client, wall, informer.get, cap=2)
+    with trio.fail_after(20):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(informer.run, kube_client)
+            seen = Watcher(informer)
+            writer.attach(informer, store)
+            await nursery.start(writer.run)
+            lease_id = await lease(store, "default/a")
+            for target, seconds in (("t1.example", 300), ("t2.example", 100),
+                                    ("t3.example", 200)):
+                await store.report(lease_id, result=Result.RATE_LIMITED, target=target,
+                                   retry_after=seconds)
+            await seen.until("default/a", lambda c: "t3.example" in c)
+            assert set(seen.cooldowns("default/a")) == {"t1.example", "t3.example"}
+            assert set(store.cooldowns("default/a")) == {"t1.example", "t3.example"}
+            nursery.cancel_scope.cancel()

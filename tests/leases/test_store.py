@@ -359,3 +359,30 @@ async def test_a_global_cooldown_takes_a_candidate_out_until_it_ends(
     assert grant(await store.acquire({}, target="x.example", ttl=60)).lease.key == "ns/a"
     await trio.sleep(30)
     assert await store.lease(g.lease.id) is None  # expired
+
+
+async def test_cooldowns_per_proxy_are_capped_soonest_ending_evicted(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    store = MemoryLeaseStore(cooldown=600.0, ban_cooldown=3600.0, max_cooldown=3600.0,
+                             clock=trio_wall, max_cooldowns_per_proxy=3)
+    store.put_candidate(cand("ns/a", max_leases=100))
+    evicted = metrics.REGISTRY.get_sample_value("egressd_cooldowns_evicted_total") or 0.0
+    g = grant(await store.acquire({}, target="", ttl=600))
+    await store.report(g.lease.id, result=Result.BANNED)  # global: never evicted
+    for target, seconds in (("t1", 50), ("t2", 10), ("t3", 30)):
+        await store.report(g.lease.id, result=Result.RATE_LIMITED, target=target,
+                           retry_after=seconds)
+    assert set(store.cooldowns("ns/a")) == {"", "t1", "t2", "t3"}
+    # A fourth target entry pushes out the one ending soonest (t2), and only it.
+    await store.report(g.lease.id, result=Result.RATE_LIMITED, target="t4", retry_after=40)
+    assert set(store.cooldowns("ns/a")) == {"", "t1", "t3", "t4"}
+    await store.report(g.lease.id, result=Result.RATE_LIMITED, target="t5", retry_after=20)
+    assert set(store.cooldowns("ns/a")) == {"", "t1", "t4", "t5"}
+    assert metrics.REGISTRY.get_sample_value("egressd_cooldowns_evicted_total") == evicted + 2
+    # A lengthened entry is not a new one: nothing is evicted for it.
+    await store.report(g.lease.id, result=Result.BANNED, target="t4")
+    assert set(store.cooldowns("ns/a")) == {"", "t1", "t4", "t5"}
+    # The evicted ones end without a trace (their heap entries are stale).
+    await trio.sleep(3600)
+    assert store.cooldowns("ns/a") == {}
