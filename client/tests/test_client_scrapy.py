@@ -183,7 +183,9 @@ def test_a_request_waits_until_a_proxy_is_free(world: World, tmp_path: Path) -> 
         held = []
         with contextlib.suppress(NoProxyAvailable):
             while True:
-                held.append(egressd.acquire(selector=POOL, target=CRAWL_HOST, ttl=120))
+                # Short leases: the 409's Retry-After (the soonest lease end, which the
+                # crawl honours) must stay under EGRESSD_MAX_WAIT.
+                held.append(egressd.acquire(selector=POOL, target=CRAWL_HOST, ttl=5))
         try:
             process = start_crawl(tmp_path, [f"{world.crawl_url}/ok/waited"], {
                 **egressd_settings(world), "EGRESSD_MAX_WAIT": 60,
