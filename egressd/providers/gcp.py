@@ -7,7 +7,8 @@ with Application Default Credentials (or a service-account key file).
 The client library is blocking and httplib2 is not thread-safe, so every call
 runs in `trio.to_thread.run_sync` behind a `CapacityLimiter`, with one
 authorized HTTP object per worker thread passed as `execute(http=...)`.
-Library errors are mapped to the provider error kinds here, once.
+Library errors are mapped to the provider error kinds once, in `gcperrors`;
+the IDs, the insert body and the instance mapping are pure, in `gcpcompute`.
 
 Importing this module loads the Google client libraries (~60 ms, ~12 MB); the
 registry imports it only when a gcp provider is configured.
@@ -16,15 +17,11 @@ registry imports it only when a gcp provider is configured.
 from __future__ import annotations
 
 import functools
-import json
 import logging
-import re
 import threading
 from collections.abc import Callable, Mapping
-from datetime import UTC, datetime
 from typing import Any
 
-import attrs
 import google.auth
 import google.auth.credentials
 import google.auth.exceptions
@@ -35,18 +32,30 @@ from google.oauth2 import service_account
 from googleapiclient import discovery
 from googleapiclient.errors import HttpError
 
-from egressd import timestamps
 from egressd.errors import ConfigError
-from egressd.providers.config import REGION_RE, ZONE_RE, GcpConfig
-from egressd.providers.contract import CreateRequest, Instance, InstanceState, Placement
+from egressd.providers.config import GcpConfig
+from egressd.providers.contract import CreateRequest, Instance
 from egressd.providers.errors import (
-    QUOTA_RETRY_AFTER,
     NotConfigured,
     NotFound,
     Permanent,
-    ProviderError,
-    QuotaExceeded,
     Transient,
+)
+from egressd.providers.gcpcompute import (
+    MAX_METADATA_VALUE_BYTES,
+    NAME_RE,
+    insert_body,
+    instance_from_api,
+    label_filter,
+    parse_provider_id,
+    provider_id,
+    resolve_target,
+)
+from egressd.providers.gcperrors import (
+    AlreadyExists,
+    error_from_http,
+    error_from_operation,
+    redact,
 )
 
 log = logging.getLogger(__name__)
@@ -63,310 +72,6 @@ HTTP_TIMEOUT = 30.0
 OPERATION_TIMEOUT = 90.0
 OPERATION_POLL_INTERVAL = 2.0
 LIST_PAGE_SIZE = 500
-
-# Compute Engine resource names (RFC 1035 labels).
-_NAME_RE = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
-_MACHINE_TYPE_RE = re.compile(r"^[a-z0-9][-a-z0-9]*$")
-_LABEL_RE = re.compile(r"^[a-z0-9_-]{0,63}$")
-
-# Error reasons (HTTP errors' `errors[].reason` and `details[].reason`,
-# operations' `errors[].code`) meaning "out of quota or capacity": retry in
-# 5 min, not in a second (docs/providers.md). A resource quota answers 403 quotaExceeded
-# ("Quota 'CPUS' exceeded") or an insert operation fails with QUOTA_EXCEEDED;
-# a stock-out fails the operation with ZONE_RESOURCE_POOL_EXHAUSTED[_WITH_DETAILS]
-# (httpErrorStatusCode 503).
-_QUOTA_REASONS = frozenset({
-    "quotaExceeded", "QUOTA_EXCEEDED", "dailyLimitExceeded", "ZONE_RESOURCE_POOL_EXHAUSTED",
-    "ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS",
-})
-# The API's per-minute request limits: 403 rateLimitExceeded ("Quota exceeded
-# for quota group 'ReadGroup' and limit 'Read requests per 100 seconds'") or
-# 429 RESOURCE_EXHAUSTED with reason rateLimitExceeded. The window is a minute
-# or so, so these are transient (docs/providers.md: 429 → transient), not a 5-min quota.
-_RATE_REASONS = frozenset({
-    "rateLimitExceeded", "userRateLimitExceeded", "RATE_LIMIT_EXCEEDED",
-    "RESOURCE_OPERATION_RATE_EXCEEDED",
-})
-# The gRPC-style `error.status` for either of the above; alone (no reason we
-# know) it is taken as a quota unless the answer was a 429.
-_RESOURCE_EXHAUSTED = "RESOURCE_EXHAUSTED"
-# 400 resourceNotReady: the VM is mid-operation (a delete while its insert
-# still runs). It clears by itself, so it is transient, not a bad request.
-_NOT_READY_REASONS = frozenset({"resourceNotReady", "RESOURCE_NOT_READY"})
-_ALREADY_EXISTS = frozenset({"alreadyExists", "RESOURCE_ALREADY_EXISTS"})
-
-# Compute Engine refuses a metadata value over 256 KiB.
-MAX_METADATA_VALUE_BYTES = 256 * 1024
-# Lines of a cloud-init shorter than this are not redacted from error
-# messages: they are too common ("runcmd:") to be worth mangling a message for.
-_MIN_REDACTED_LINE = 6
-REDACTED = "<cloud-init redacted>"
-
-# Every status of compute v1's Instance.status enum; one added later (and so
-# unknown here) maps to Provisioning: poll again, do not replace.
-STATES = {
-    # PENDING: a Flex Start VM waiting for capacity.
-    "PENDING": InstanceState.PROVISIONING,
-    "PROVISIONING": InstanceState.PROVISIONING,
-    "STAGING": InstanceState.PROVISIONING,
-    # REPAIRING: the host failed and GCE is moving the VM; it comes back.
-    "REPAIRING": InstanceState.PROVISIONING,
-    "RUNNING": InstanceState.RUNNING,
-    "PENDING_STOP": InstanceState.STOPPED,
-    "STOPPING": InstanceState.STOPPED,
-    # DEPROVISIONING: halted, its IP and disks being released (stop or delete).
-    "DEPROVISIONING": InstanceState.STOPPED,
-    "STOPPED": InstanceState.STOPPED,
-    "SUSPENDING": InstanceState.STOPPED,
-    "SUSPENDED": InstanceState.STOPPED,
-    "TERMINATED": InstanceState.TERMINATED,
-}
-
-
-class _AlreadyExists(ProviderError):
-    """Insert of a name that exists: create adopts it (never leaves this module)."""
-
-
-# --- pure functions ---------------------------------------------------------
-
-
-def provider_id(project: str, zone: str, name: str) -> str:
-    """`<project>/<zone>/<name>`: everything get and delete need, with no lookup."""
-    return f"{project}/{zone}/{name}"
-
-
-def parse_provider_id(value: str) -> tuple[str, str, str]:
-    """(project, zone, name) of a provider ID; `NotFound` if it cannot name a VM."""
-    parts = value.split("/")
-    if len(parts) != 3 or not all(parts) or not ZONE_RE.match(parts[1]):
-        # No VM of this provider can have such an ID (it may be another provider's).
-        raise NotFound(f"{value!r} is not a GCP provider ID (<project>/<zone>/<name>)")
-    return parts[0], parts[1], parts[2]
-
-
-@attrs.frozen
-class Target:
-    """Where a create goes once the config's defaults and the Placement are merged."""
-
-    project: str
-    zone: str
-    machine_type: str
-
-
-def resolve_target(config: GcpConfig, placement: Placement, *, project: str | None) -> Target:
-    """Merge the Placement over the config; `Permanent`, naming the field, if it cannot be met.
-
-    `project` is the config's project or else the credentials' project.
-    """
-    if not project:
-        raise NotConfigured("gcp.project: no project configured and the credentials name none")
-    zone = placement.zone or config.zone
-    if not ZONE_RE.match(zone):
-        field = "placement.zone" if placement.zone else "gcp.zone"
-        raise Permanent(f"{field}: {zone!r} is not a Compute Engine zone (like europe-west1-b)")
-    if placement.region:
-        if not REGION_RE.match(placement.region):
-            raise Permanent(f"placement.region: {placement.region!r} is not a Compute Engine "
-                            "region (like europe-west1)")
-        if zone.rsplit("-", 1)[0] != placement.region:
-            raise Permanent(f"placement.region: zone {zone!r} is not in region "
-                            f"{placement.region!r}; set placement.zone to a zone of that region")
-    machine_type = placement.machine_type or config.machine_type
-    if "/" not in machine_type and not _MACHINE_TYPE_RE.match(machine_type):
-        field = "placement.machineType" if placement.machine_type else "gcp.machineType"
-        raise Permanent(f"{field}: {machine_type!r} is not a machine type (like e2-micro)")
-    return Target(project=project, zone=zone, machine_type=machine_type)
-
-
-def _network_url(value: str, kind: str) -> str:
-    # A bare name is a network of the VM's project; anything with a slash is a
-    # partial or full URL and goes through unchanged (shared VPC).
-    return value if "/" in value else f"{kind}/{value}"
-
-
-def insert_body(config: GcpConfig, request: CreateRequest, target: Target) -> dict[str, Any]:
-    """The `instances.insert` body for `request` (pure; docs/providers.md).
-
-    One NIC with a one-to-one NAT access config (the external egress IP), the
-    cloud-init as `user-data` metadata, the GC labels and the network tags.
-    No service account: a proxy needs no Google API access.
-    """
-    machine_type = (target.machine_type if "/" in target.machine_type
-                    else f"zones/{target.zone}/machineTypes/{target.machine_type}")
-    nic: dict[str, Any] = {
-        "network": _network_url(config.network, "global/networks"),
-        "accessConfigs": [{"type": "ONE_TO_ONE_NAT", "name": "External NAT"}],
-    }
-    if config.subnetwork:
-        region = target.zone.rsplit("-", 1)[0]
-        nic["subnetwork"] = _network_url(config.subnetwork, f"regions/{region}/subnetworks")
-    body: dict[str, Any] = {
-        "name": request.name,
-        "machineType": machine_type,
-        "disks": [{
-            "boot": True,
-            "autoDelete": True,
-            "initializeParams": {"sourceImage": config.image},
-        }],
-        "networkInterfaces": [nic],
-        "metadata": {"items": [{"key": "user-data", "value": request.cloud_init}]},
-        "labels": dict(request.labels),
-    }
-    if config.network_tags:
-        body["tags"] = {"items": list(config.network_tags)}
-    return body
-
-
-def instance_state(status: str, nat_ip: str | None) -> InstanceState:
-    """docs/providers.md's mapping; RUNNING without a NAT IP is still Provisioning."""
-    state = STATES.get(status, InstanceState.PROVISIONING)
-    if state is InstanceState.RUNNING and not nat_ip:
-        return InstanceState.PROVISIONING
-    return state
-
-
-def instance_from_api(project: str, body: Mapping[str, Any]) -> Instance:
-    """An `Instance` from a Compute Engine instance resource."""
-    zone = str(body.get("zone", "")).rsplit("/", 1)[-1]
-    nat_ip: str | None = None
-    for nic in body.get("networkInterfaces") or ():
-        for access in nic.get("accessConfigs") or ():
-            nat_ip = nat_ip or access.get("natIP") or None
-    created = body.get("creationTimestamp")
-    created_at = timestamps.parse_time(created) if created else datetime.now(UTC)
-    state = instance_state(str(body.get("status", "")), nat_ip)
-    return Instance(
-        provider_id=provider_id(project, zone, body["name"]),
-        name=body["name"],
-        state=state,
-        ip=nat_ip,
-        created_at=created_at,
-        labels=body.get("labels") or {},
-    )
-
-
-def label_filter(labels: Mapping[str, str]) -> str:
-    """A list `filter` matching every label: `(labels.k = "v") (labels.k2 = "v2")` (AND)."""
-    for key, value in labels.items():
-        if not _LABEL_RE.match(key) or not key or not _LABEL_RE.match(value):
-            raise Permanent(f"labels: {key!r}={value!r} is not a valid GCP label")
-    return " ".join(f'(labels.{k} = "{v}")' for k, v in sorted(labels.items()))
-
-
-# --- error mapping ----------------------------------------------------------
-
-
-def classify(status: int, reasons: set[str], message: str, *,
-             retry_after: float | None = None) -> ProviderError:
-    """The provider error for an HTTP status and the error reasons Google sent."""
-    if reasons & _QUOTA_REASONS:
-        return QuotaExceeded(message, retry_after=max(retry_after or 0.0, QUOTA_RETRY_AFTER))
-    if status == 429 or reasons & _RATE_REASONS:
-        return Transient(message, retry_after=retry_after)
-    if _RESOURCE_EXHAUSTED in reasons:
-        return QuotaExceeded(message, retry_after=max(retry_after or 0.0, QUOTA_RETRY_AFTER))
-    if status == 404:
-        return NotFound(message)
-    if status == 409 and reasons & _ALREADY_EXISTS:
-        return _AlreadyExists(message)
-    if reasons & _NOT_READY_REASONS:
-        return Transient(message, retry_after=retry_after)
-    # 401: google-auth refreshes tokens itself, so one that still fails is a
-    # metadata-server or clock hiccup more often than a revoked key.
-    if status in (401, 408, 409, 412, 429) or status >= 500:
-        return Transient(message, retry_after=retry_after)
-    if status == 403:
-        # Permission denied or the API not enabled: the daemon's credentials or
-        # project are at fault, not the request.
-        return NotConfigured(message)
-    if 400 <= status < 500:
-        return Permanent(message)
-    return Transient(message)
-
-
-def _retry_after(resp: Any) -> float | None:
-    try:
-        value = resp.get("retry-after")
-        return float(value) if value is not None else None
-    except (TypeError, ValueError, AttributeError):
-        return None
-
-
-# "Invalid value for field 'resource.metadata': '<the value>'. <why>"
-_METADATA_VALUE = re.compile(r"(field '[^']*metadata[^']*'): '.*'", re.DOTALL)
-
-
-def redact(text: str, secret: str) -> str:
-    """`text` with every trace of `secret` (a cloud-init) replaced (docs/reference.md).
-
-    Compute Engine echoes an invalid field's value in its message ("Invalid
-    value for field 'resource.metadata': '...'"), raw or JSON-escaped and
-    perhaps cut short, so the whole text, its escaped forms and each of its
-    lines are replaced, and a quoted metadata value is dropped whatever it holds.
-    """
-    if not secret:
-        return text
-    text = _METADATA_VALUE.sub(rf"\1: '{REDACTED}'", text)
-    pieces = {secret, *(line.strip() for line in secret.splitlines())}
-    forms: set[str] = set()
-    for piece in pieces:
-        if len(piece) < _MIN_REDACTED_LINE:
-            continue
-        forms.update({piece, json.dumps(piece)[1:-1],
-                      json.dumps(piece, ensure_ascii=False)[1:-1]})
-        forms.add(json.dumps(piece, ensure_ascii=False)[1:-1].replace("'", "\\'"))
-    for form in sorted(forms, key=len, reverse=True):  # longest first: whole before lines
-        text = text.replace(form, REDACTED)
-    return text
-
-
-
-def error_from_http(exc: HttpError, what: str, *, secret: str = "") -> ProviderError:
-    """Map a client library `HttpError`: status plus the reasons in `error`.
-
-    `secret` (the cloud-init of an insert) is redacted from the message and,
-    if it was there, from `exc` itself, which stays attached as the cause.
-    """
-    status = int(getattr(exc.resp, "status", 0) or 0)
-    reasons: set[str] = set()
-    message = ""
-    try:
-        error = json.loads(exc.content.decode("utf-8")).get("error", {})
-        message = str(error.get("message", ""))
-        entries = [*(error.get("errors") or ()), *(error.get("details") or ())]
-        reasons = {str(e.get("reason", "")) for e in entries if isinstance(e, dict)}
-        if error.get("status"):
-            reasons.add(str(error["status"]))
-    except (ValueError, AttributeError, TypeError):
-        pass
-    reasons.discard("")
-    clean = redact(message, secret)
-    body = exc.content.decode("utf-8", "replace")
-    if secret and redact(body, secret) != body:
-        # The HttpError's str() (printed with any traceback) holds the body.
-        exc.content = json.dumps({"error": {"code": status, "message": clean, "errors": [
-            {"reason": r} for r in sorted(reasons)]}}).encode()
-        exc.reason = clean
-        exc.error_details = ""
-    text = f"{what}: HTTP {status}" + (f": {clean}" if clean else "")
-    return classify(status, reasons, text, retry_after=_retry_after(exc.resp))
-
-
-def error_from_operation(op: Mapping[str, Any], what: str, *,
-                         secret: str = "") -> ProviderError | None:
-    """The error a finished zone operation carries, or None if it succeeded."""
-    errors = (op.get("error") or {}).get("errors") or ()
-    if not errors:
-        return None
-    codes = {str(e.get("code", "")) for e in errors}
-    messages = "; ".join(str(e.get("message", e.get("code", ""))) for e in errors)
-    status = int(op.get("httpErrorStatusCode") or 400)
-    err = classify(status, codes, f"{what}: {redact(messages, secret)}")
-    if isinstance(err, NotFound):
-        # The operation's subject exists; a 404 here is a missing image,
-        # network or machine type the request refers to.
-        return Permanent(err.message)
-    return err
 
 
 # --- the provider -----------------------------------------------------------
@@ -479,7 +184,7 @@ class GcpProvider:
     # -- the contract
 
     async def create(self, request: CreateRequest, /) -> Instance:
-        if not _NAME_RE.match(request.name):
+        if not NAME_RE.match(request.name):
             raise Permanent(f"name: {request.name!r} is not a valid Compute Engine name")
         size = len(request.cloud_init.encode())
         if size > MAX_METADATA_VALUE_BYTES:
@@ -494,7 +199,7 @@ class GcpProvider:
                 lambda c: c.instances().insert(project=target.project, zone=target.zone,
                                                body=body), what, secret=request.cloud_init)
             await self._wait(target.project, target.zone, op, what, secret=request.cloud_init)
-        except _AlreadyExists:
+        except AlreadyExists:
             # Idempotent by name: a synchronous 409, or an insert operation that
             # lost a race with another insert of the same name.
             log.info("instance %s already exists; adopting it", pid)

@@ -33,18 +33,17 @@ from egressd.providers import (
     is_transient,
 )
 from egressd.providers.config import GcpConfig
-from egressd.providers.gcp import (
+from egressd.providers.gcp import GcpProvider
+from egressd.providers.gcpcompute import (
     STATES,
-    GcpProvider,
-    error_from_operation,
     insert_body,
     instance_from_api,
     instance_state,
     label_filter,
     parse_provider_id,
-    redact,
     resolve_target,
 )
+from egressd.providers.gcperrors import error_from_operation, redact
 from tests.providers.conftest import PROJECT, ZONE
 from tests.providers.fake_compute import FakeCompute
 
@@ -264,7 +263,7 @@ async def test_failed_insert_operation(gcp: GcpProvider, fake_compute: FakeCompu
     assert fake_compute.instances == {}
 
 
-# Reasons and statuses as Compute Engine sends them (see the comments in gcp.py):
+# Reasons and statuses as Compute Engine sends them (see the comments in gcperrors.py):
 # "Quota 'CPUS' exceeded" is 403 quotaExceeded; the API's request-rate limit is
 # 403 rateLimitExceeded or 429 RESOURCE_EXHAUSTED/rateLimitExceeded; a delete
 # racing an insert is 400 resourceNotReady.
