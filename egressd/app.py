@@ -360,7 +360,9 @@ async def _run_parts(
                 identity=identity, lead=functools.partial(_lead, parts),
                 lease_duration=settings.leader_lease_duration,
                 renew_deadline=settings.leader_renew_deadline,
-                retry_period=settings.leader_retry_period))
+                retry_period=settings.leader_retry_period,
+                # Within the stop's grace even with the API server down (issue 19).
+                release_timeout=min(settings.leader_renew_deadline, settings.shutdown_grace)))
         else:
             # Off only on request: a second daemon against the same cluster (another
             # replica, a developer's `egressd run`) would reconcile the same Proxies

@@ -210,13 +210,16 @@ async def run_elected(
     renew_deadline: float = 10.0,
     retry_period: float = 2.0,
     release_on_cancel: bool = True,
+    release_timeout: float | None = None,
     task_status: trio.TaskStatus[LeaderElector] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Campaign forever; run `lead()` while leading and cancel it on losing.
 
     Returns when `lead()` returns on its own (after releasing the Lease); an
     exception from `lead()` propagates. `started()` hands back the elector
-    (for its `leading` flag) as soon as the campaign begins.
+    (for its `leading` flag) as soon as the campaign begins. The release on the
+    way out gets `release_timeout` (default: the renew deadline); the daemon passes
+    its shutdown grace, so an unreachable API server cannot hold the stop past it.
     """
     elector = LeaderElector(
         client, name=name, namespace=namespace, identity=identity,
@@ -255,10 +258,14 @@ async def run_elected(
         if (was_leading or elector.may_hold) and release_on_cancel:
             # Shutdown (or lead() ended): hand the Lease over now instead of
             # making the standby wait out the lease duration.
-            with trio.CancelScope(shield=True), trio.move_on_after(renew_deadline):
+            bound = renew_deadline if release_timeout is None else release_timeout
+            with trio.CancelScope(shield=True), trio.move_on_after(bound) as release_scope:
                 try:
                     await elector.release()
                     log.info("released the leader lease",
                              extra={"lease": f"{namespace}/{name}"})
                 except (ApiError, ApiUnavailable) as exc:
                     log.warning("releasing the leader lease failed", extra={"error": str(exc)})
+            if release_scope.cancelled_caught:
+                log.warning("releasing the leader lease failed",
+                            extra={"error": f"no answer within {bound:g} s"})
