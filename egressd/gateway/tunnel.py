@@ -34,6 +34,10 @@ from egressd.gateway.upstream import (
 from egressd.leases import Grant, Result
 from egressd.metrics import GATEWAY_BYTES
 
+# Label lookups once, not per tunnel (issue 15 item 8).
+_UP = GATEWAY_BYTES.labels("upstream")
+_DOWN = GATEWAY_BYTES.labels("downstream")
+
 
 @attrs.frozen(kw_only=True)
 class TunnelSettings:
@@ -89,8 +93,8 @@ async def _open(up: Upstream, ask: Ask, rest: bytes, grant: Grant,
             # A client that sent its first bytes (a TLS ClientHello) without waiting.
             await _send(stream, rest)
         # Tunnelled bytes that did not go through the relay count as relayed too.
-        GATEWAY_BYTES.labels("upstream").inc(len(rest))
-        GATEWAY_BYTES.labels("downstream").inc(len(early))
+        _UP.inc(len(rest))
+        _DOWN.inc(len(early))
         to_client = wire.answer(200, headers=lease_headers(grant)) + early
         return Opened(grant=grant, stream=stream, to_client=to_client)
     return await _open_forward(up, ask, rest, grant, cfg)
