@@ -232,16 +232,17 @@ class CandidateIndex:
     def _blocked(self, bucket: _Bucket, selector: Mapping[str, str], rest: Mapping[str, str],
                  cooling: Mapping[str, float], exclude: Collection[str]) -> Blocked:
         """The full and globally cooled matches: counts and their soonest end."""
-        if rest or exclude:
-            # Several terms (or keys to pass over): only the smallest term's lists can be
-            # walked (see the module doc).
+        if rest:
+            # Several terms: only the smallest term's lists can be walked (module doc).
             cooled, ready = self._walk(bucket.cooled, rest, exclude)
             full, soonest = self._walk(bucket.full, rest, exclude)
             ready = _sooner(ready, soonest)
         else:
-            cooled, full = len(bucket.cooled), len(bucket.full)
-            ready = _sooner(bucket.cooled[0][0] if bucket.cooled else math.inf,
-                            bucket.full[0][0] if bucket.full else None)
+            # Every entry of the bucket matches: lengths and heads, less the few excluded
+            # (the gateway's tried proxies), never a walk of the fleet.
+            cooled, ready = self._less(bucket.cooled, _Place.COOLED, selector, exclude)
+            full, soonest = self._less(bucket.full, _Place.FULL, selector, exclude)
+            ready = _sooner(ready, soonest)
         # A full candidate with a cooldown for this target counts as cooling (refusal counts).
         full_cooling = 0
         for key, until in cooling.items():
@@ -252,6 +253,16 @@ class CandidateIndex:
                 ready = _sooner(ready, until)
         return Blocked(in_cooldown=cooled + full_cooling, at_capacity=full - full_cooling,
                        ready_at=_when(ready))
+
+    def _less(self, ranks: SortedList[Rank], place: _Place, selector: Mapping[str, str],
+              exclude: Collection[str]) -> tuple[int, float]:
+        """Length and first end of `ranks` (a bucket all matching) without `exclude`."""
+        count = len(ranks) - sum(
+            1 for key in exclude if (entry := self._entries.get(key)) is not None
+            and entry.place is place and _has(entry.candidate.attributes, selector))
+        # The head not excluded: at most len(exclude) + 1 steps.
+        first = next((end for end, key in ranks if key not in exclude), math.inf)
+        return count, first
 
     def _walk(self, ranks: SortedList[Rank], rest: Mapping[str, str],
               exclude: Collection[str]) -> tuple[int, float]:
