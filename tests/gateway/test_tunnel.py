@@ -53,6 +53,7 @@ async def test_a_tunnel_reaches_a_tls_target_and_its_lease_is_released(
                 assert target.requests, "the GET went through the upstream to the target"
                 with trio.fail_after(3):
                     await gw.gateway.wait_idle()
+                assert (await gw.active()) == 0, "the tunnel's lease was not released"
                 assert sample("egressd_gateway_tunnels_opened_total", kind="connect") == opened + 1
                 # The lease is the client's to report on: the header names a real lease.
                 with pytest.raises(Exception, match="no lease"):
