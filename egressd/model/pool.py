@@ -26,7 +26,7 @@ from egressd.model.constants import (
     DEFAULT_TARGET_UTILIZATION,
 )
 from egressd.model.frozen import FrozenDict, freeze_str_map
-from egressd.model.proxy import Condition, Endpoint, ObjectMeta, ProxySpec
+from egressd.model.proxy import Condition, Endpoint, ObjectMeta, ProxySpec, find_condition
 
 
 @attrs.frozen
@@ -105,10 +105,7 @@ class ProxyPoolStatus:
 
     def condition(self, type: str) -> Condition | None:
         """The condition of this type, or None if there is none."""
-        for cond in self.conditions:
-            if cond.type == type:
-                return cond
-        return None
+        return find_condition(self.conditions, type)
 
 
 @attrs.frozen

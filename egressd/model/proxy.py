@@ -105,6 +105,11 @@ class Condition:
     observed_generation: int | None = attrs.field(default=None, kw_only=True)
 
 
+def find_condition(conditions: tuple[Condition, ...], type: str) -> Condition | None:
+    """The condition of this type among `conditions`, or None if there is none."""
+    return next((cond for cond in conditions if cond.type == type), None)
+
+
 @attrs.frozen
 class Cooldown:
     """A proxy may not be leased for one target (or, under key "*", any) until `until`."""
@@ -133,10 +138,7 @@ class ProxyStatus:
 
     def condition(self, type: str) -> Condition | None:
         """The condition of this type, or None if there is none."""
-        for cond in self.conditions:
-            if cond.type == type:
-                return cond
-        return None
+        return find_condition(self.conditions, type)
 
 
 @attrs.frozen
