@@ -2,48 +2,6 @@
 
 from __future__ import annotations
 
-import ssl
-from collections.abc import Iterator
+from tests.health.fixtures import ca, client_ssl, server_ssl, squid, tinyproxy
 
-import pytest
-import trustme
-
-from tests.health.peers import ProxyProcess, find_binary, run_squid, run_tinyproxy
-
-
-@pytest.fixture(scope="session")
-def ca() -> trustme.CA:
-    return trustme.CA()
-
-
-@pytest.fixture(scope="session")
-def server_ssl(ca: trustme.CA) -> ssl.SSLContext:
-    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    ca.issue_cert("127.0.0.1", "localhost").configure_cert(ctx)
-    return ctx
-
-
-@pytest.fixture(scope="session")
-def client_ssl(ca: trustme.CA) -> ssl.SSLContext:
-    ctx = ssl.create_default_context()
-    ca.configure_trust(ctx)
-    return ctx
-
-
-def _need(name: str) -> None:
-    if find_binary(name) is None:
-        pytest.skip(f"{name} is not installed (apt-get install {name})")
-
-
-@pytest.fixture(scope="session")
-def squid() -> Iterator[ProxyProcess]:
-    _need("squid")
-    with run_squid() as proc:
-        yield proc
-
-
-@pytest.fixture(scope="session")
-def tinyproxy() -> Iterator[ProxyProcess]:
-    _need("tinyproxy")
-    with run_tinyproxy() as proc:
-        yield proc
+__all__ = ["ca", "client_ssl", "server_ssl", "squid", "tinyproxy"]

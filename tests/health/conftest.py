@@ -11,19 +11,14 @@ import trio
 import trustme
 
 from egressd.health.probe import Prober
+from tests.health.fixtures import ca, need, server_ssl, squid, tinyproxy
 from tests.health.peers import (
     ProxyProcess,
     Target,
-    find_binary,
     run_squid,
     run_tinyproxy,
     serve_target,
 )
-
-
-@pytest.fixture(scope="session")
-def ca() -> trustme.CA:
-    return trustme.CA()
 
 
 @pytest.fixture(scope="session")
@@ -34,16 +29,11 @@ def ca_file(ca: trustme.CA, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def server_ssl(ca: trustme.CA) -> ssl.SSLContext:
-    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    ca.issue_cert("127.0.0.1", "localhost").configure_cert(ctx)
-    return ctx
-
-
-@pytest.fixture(scope="session")
 def prober(ca_file: Path) -> Prober:
     return Prober(ca_file=str(ca_file))
 
+
+__all__ = ["ca", "server_ssl", "squid", "tinyproxy"]
 
 StartTarget = Callable[..., Awaitable[Target]]
 
@@ -59,34 +49,15 @@ def start_target(nursery: trio.Nursery, server_ssl: ssl.SSLContext) -> StartTarg
     return start
 
 
-def _need(name: str) -> None:
-    if find_binary(name) is None:
-        pytest.skip(f"{name} is not installed (apt-get install {name})")
-
-
-@pytest.fixture(scope="session")
-def squid() -> Iterator[ProxyProcess]:
-    _need("squid")
-    with run_squid() as proc:
-        yield proc
-
-
 @pytest.fixture(scope="session")
 def squid_deny_all() -> Iterator[ProxyProcess]:
-    _need("squid")
+    need("squid")
     with run_squid(access="deny all") as proc:
         yield proc
 
 
 @pytest.fixture(scope="session")
-def tinyproxy() -> Iterator[ProxyProcess]:
-    _need("tinyproxy")
-    with run_tinyproxy() as proc:
-        yield proc
-
-
-@pytest.fixture(scope="session")
 def tinyproxy_443_only() -> Iterator[ProxyProcess]:
-    _need("tinyproxy")
+    need("tinyproxy")
     with run_tinyproxy(connect_ports=(443,)) as proc:
         yield proc
